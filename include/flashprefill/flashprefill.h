@@ -1,0 +1,183 @@
+/*
+ * flashprefill — block-sparse prefill attention (FlashPrefill V2) with a flat C ABI.
+ *
+ * Every entry point validates its inputs and returns an fp_status; on failure
+ * fp_last_error_message() (thread-local) says what was wrong. No call allocates
+ * device memory: buffers and workspace are the caller's, sized by the *_size queries.
+ *
+ * Layout conventions (all strides are in elements, the head dimension is contiguous):
+ *   q        [total_q, Hq, D]                       packed varlen, rows of request b at
+ *                                                   cu_seqlens_q[b] .. cu_seqlens_q[b+1]
+ *   k, v     contiguous: [total_k, Hkv, D]          rows of request b at cu_seqlens_k[b] ..
+ *            paged:      [num_pages, page_size, Hkv, D]  key j of request b lives in page
+ *                        page_table[b * max_pages_per_seq + j / page_size], row j % page_size
+ *   out      [total_q, Hq, D] in q's dtype
+ *   lse      [Hq, total_q] float32, natural-log log-sum-exp of the scaled logits
+ * Attention is causal and bottom-right aligned: new query i of request b sits at absolute
+ * position L_kv(b) - L_q(b) + i and sees keys at positions <= its own.
+ *
+ * docs/ALGORITHM.md is the contract for the index format and every stage.
+ */
+#ifndef FLASHPREFILL_H_
+#define FLASHPREFILL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define FP_API __declspec(dllexport)
+#else
+#define FP_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FP_VERSION_MAJOR 0
+#define FP_VERSION_MINOR 1
+#define FP_VERSION_PATCH 0
+
+/* Rows of the PackGQA query tile (Eq. 12-13) and tokens of one physical KV tile. */
+#define FP_TILE_ROWS 128
+#define FP_KV_TILE 64
+
+typedef enum fp_status {
+  FP_OK = 0,
+  FP_ERROR_INVALID_ARGUMENT = 1,   /* a shape, stride, pointer, length or config is wrong */
+  FP_ERROR_UNSUPPORTED = 2,        /* valid, but not supported by this build or device */
+  FP_ERROR_WORKSPACE_TOO_SMALL = 3,
+  FP_ERROR_CUDA = 4,               /* a CUDA runtime call failed */
+  FP_ERROR_INTERNAL = 5
+} fp_status;
+
+typedef enum fp_dtype { FP_FLOAT32 = 0, FP_BFLOAT16 = 1, FP_FLOAT16 = 2 } fp_dtype;
+
+typedef enum fp_device { FP_DEVICE_CPU = 0, FP_DEVICE_CUDA = 1 } fp_device;
+
+typedef enum fp_kv_layout { FP_KV_CONTIGUOUS = 0, FP_KV_PAGED = 1 } fp_kv_layout;
+
+/* Problem flags. */
+/* CUDA only: copy cu_seqlens / seqlens_k / page_table to the host and validate them before
+ * launching (one host synchronization). Without it nothing synchronizes the host, the call is
+ * CUDA-graph capturable, and the caller guarantees the metadata is valid. The CPU path always
+ * validates. */
+#define FP_FLAG_VALIDATE_DEVICE_METADATA 1u
+
+/* One attention problem: a varlen batch of new queries against (possibly cached) keys. */
+typedef struct fp_problem {
+  fp_device device;
+  void* stream;              /* cudaStream_t for FP_DEVICE_CUDA (NULL = default stream) */
+  uint32_t flags;
+  fp_dtype dtype;            /* of q, k, v and out */
+  int32_t batch_size;        /* B >= 1 */
+  int32_t num_heads_q;       /* Hq, a multiple of Hkv */
+  int32_t num_heads_kv;      /* Hkv */
+  int32_t head_dim;          /* D: 64 or 128 on CUDA; 1..512 on the CPU */
+  float softmax_scale;       /* 0 means 1/sqrt(D) */
+
+  const void* q;
+  int64_t q_stride_token, q_stride_head;
+  int64_t total_q;
+  const int32_t* cu_seqlens_q; /* [B + 1], cu[0] = 0, cu[B] = total_q, non-decreasing */
+  int32_t max_seqlen_q;        /* >= every L_q(b); sizes buffers without reading lengths */
+
+  fp_kv_layout kv_layout;
+  const void* k;
+  const void* v;
+  int64_t k_stride_page, k_stride_token, k_stride_head; /* stride_page: paged only */
+  int64_t v_stride_page, v_stride_token, v_stride_head;
+  int32_t max_seqlen_k;        /* >= every L_kv(b) */
+  /* FP_KV_CONTIGUOUS */
+  int64_t total_k;
+  const int32_t* cu_seqlens_k; /* [B + 1] */
+  /* FP_KV_PAGED */
+  int32_t num_pages;
+  int32_t page_size;           /* any value >= 1 */
+  const int32_t* page_table;   /* [B, max_pages_per_seq], entries in [0, num_pages) */
+  int32_t max_pages_per_seq;
+  const int32_t* seqlens_k;    /* [B] */
+} fp_problem;
+
+/* Block selection (Eq. 19-20) and mean correction (Eq. 6). */
+typedef struct fp_select_config {
+  int32_t block_size;          /* logical KV block, a multiple of 64 (default 128) */
+  float alpha;                 /* keep blocks with energy >= alpha * max energy, in [0, 1] (0.1) */
+  int32_t sink_tokens;         /* keys [0, sink_tokens) always kept (256) */
+  int32_t window_tokens;       /* keys within this distance before a tile's first query (512) */
+  int32_t dense_recent_tiles;  /* the last n query tiles of every (request, KV head) run dense (1) */
+  int32_t mean_correction;     /* 1: add Eq. 6 surrogates for unselected fully visible blocks */
+} fp_select_config;
+
+/* The CSR index of selected 64-token KV tiles plus the pooled block means (docs/ALGORITHM.md).
+ * Segment s = (b * Hkv + h) * max_q_tiles + I. All buffers live on the problem's device. */
+typedef struct fp_index {
+  int32_t* cu;                 /* [num_segments + 1] */
+  int32_t* idx;                /* [idx_capacity], ascending tile ids within each segment */
+  float* k_mean;               /* [B, Hkv, max_blocks, D] */
+  float* v_mean;               /* [B, Hkv, max_blocks, D]; may be NULL without mean correction */
+  int64_t idx_capacity;
+} fp_index;
+
+typedef struct fp_index_sizes {
+  int64_t num_segments;        /* B * Hkv * max_q_tiles */
+  int32_t max_q_tiles;         /* ceil(g * max_seqlen_q / 128) */
+  int32_t max_blocks;          /* ceil(max_seqlen_k / block_size) */
+  int64_t idx_capacity;        /* upper bound on selected tiles, over all segments */
+  int64_t mean_elements;       /* B * Hkv * max_blocks * D, per pooled tensor */
+} fp_index_sizes;
+
+typedef struct fp_output {
+  void* out;                   /* [total_q, Hq, D] in the problem's dtype */
+  int64_t out_stride_token, out_stride_head;
+  float* lse;                  /* optional [Hq, total_q] */
+} fp_output;
+
+FP_API const char* fp_version(void);
+FP_API const char* fp_status_string(fp_status status);
+/* The message of the last failing call on this thread ("" if none). */
+FP_API const char* fp_last_error_message(void);
+/* 1 when this build has the CUDA path and a usable sm_90 device is present. */
+FP_API int fp_cuda_available(void);
+
+FP_API void fp_select_config_default(fp_select_config* config);
+
+FP_API fp_status fp_index_sizes_query(const fp_problem* problem, const fp_select_config* config,
+                                      fp_index_sizes* sizes);
+
+/* Index stage: pool -> score and select -> CSR. */
+FP_API fp_status fp_build_index_workspace_size(const fp_problem* problem,
+                                               const fp_select_config* config, size_t* bytes);
+FP_API fp_status fp_build_index(const fp_problem* problem, const fp_select_config* config,
+                                const fp_index* index, void* workspace, size_t workspace_bytes);
+
+/* Attention stage over a given index; config->mean_correction and block_size select the
+ * correction (it needs index->k_mean and v_mean). */
+FP_API fp_status fp_sparse_attention_workspace_size(const fp_problem* problem,
+                                                    const fp_select_config* config,
+                                                    size_t* bytes);
+FP_API fp_status fp_sparse_attention(const fp_problem* problem, const fp_select_config* config,
+                                     const fp_index* index, const fp_output* output,
+                                     void* workspace, size_t workspace_bytes);
+
+/* Both stages; the index lives in the workspace. */
+FP_API fp_status fp_prefill_workspace_size(const fp_problem* problem,
+                                           const fp_select_config* config, size_t* bytes);
+FP_API fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
+                            const fp_output* output, void* workspace, size_t workspace_bytes);
+
+/* Exact causal attention (every causal key). */
+FP_API fp_status fp_dense_attention_workspace_size(const fp_problem* problem, size_t* bytes);
+FP_API fp_status fp_dense_attention(const fp_problem* problem, const fp_output* output,
+                                    void* workspace, size_t workspace_bytes);
+
+/* Fraction of causal 64-token tiles (over every packed query row's visible tiles, counted per
+ * query tile) that the index selects. Reads the index back: synchronizes on CUDA. */
+FP_API fp_status fp_index_density(const fp_problem* problem, const fp_select_config* config,
+                                  const fp_index* index, double* density);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHPREFILL_H_ */

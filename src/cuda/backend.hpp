@@ -1,0 +1,27 @@
+// The CUDA backend as the C ABI sees it. Inputs arrive validated (core/problem.hpp); metadata
+// (cu_seqlens, seqlens_k, page_table) is on the device and is read only by kernels. Nothing here
+// allocates or synchronizes the host: every call is CUDA-graph capturable.
+#pragma once
+
+#include <cstddef>
+
+#include "core/problem.hpp"
+
+namespace flashprefill::cuda {
+
+// True when this build has CUDA and device 0 is sm_90.
+bool available();
+
+size_t build_index_workspace(const ProblemInfo& info, const fp_select_config& config);
+fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
+                      const fp_index& index, void* workspace, size_t workspace_bytes);
+
+size_t attention_workspace(const ProblemInfo& info, const fp_select_config& config, bool sparse);
+// config.mean_correction selects the correction; index.k_mean / v_mean hold the pooled means.
+fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,
+                           const fp_index& index, const fp_output& output, void* workspace,
+                           size_t workspace_bytes);
+fp_status dense_attention(const ProblemInfo& info, const fp_output& output, void* workspace,
+                          size_t workspace_bytes);
+
+}  // namespace flashprefill::cuda
