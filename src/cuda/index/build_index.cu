@@ -1,0 +1,173 @@
+// The CUDA index stage as the C ABI calls it: pool -> score and select -> scan -> emit, four
+// launches on the problem's stream, no host synchronization, scratch from the caller's workspace.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "cuda/backend.hpp"
+#include "cuda/index/csr.cuh"
+#include "cuda/index/pool.cuh"
+#include "cuda/index/score_select.cuh"
+
+namespace flashprefill::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr double kLog2e = 1.4426950408889634;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Workspace: rho(k_mean) in the dtype | per-segment block bitmasks | per-segment tile counts.
+struct IndexWorkspace {
+  size_t k_rounded = 0, mask = 0, counts = 0;
+  int32_t mask_words = 0;
+
+  IndexWorkspace(const ProblemInfo& info, const fp_select_config& config) {
+    const fp_index_sizes s = index_sizes(info, config);
+    mask_words = int32_t(ceil_div(s.max_blocks, 32));
+    k_rounded = align_up(size_t(s.mean_elements) * dtype_size(info.p->dtype));
+    mask = align_up(size_t(s.num_segments) * mask_words * sizeof(uint32_t));
+    counts = align_up(size_t(s.num_segments) * sizeof(int32_t));
+  }
+  size_t total() const { return k_rounded + mask + counts; }
+};
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+fp_status check_launch(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return FP_OK;
+  return fail(FP_ERROR_CUDA, std::string("index stage: launching ") + what + " failed: " +
+                                 cudaGetErrorString(err));
+}
+
+index::SeqMeta seq_meta(const ProblemInfo& info) {
+  const fp_problem& p = *info.p;
+  index::SeqMeta m;
+  m.cu_seqlens_q = p.cu_seqlens_q;
+  m.group = info.group;
+  m.paged = p.kv_layout == FP_KV_PAGED;
+  if (m.paged) {
+    m.seqlens_k = p.seqlens_k;
+    m.page_table = p.page_table;
+    m.max_pages_per_seq = p.max_pages_per_seq;
+    m.page_size = p.page_size;
+  } else {
+    m.cu_seqlens_k = p.cu_seqlens_k;
+  }
+  return m;
+}
+
+// The kernels read q, k and v in 16-byte vectors.
+fp_status check_alignment(const fp_problem& p) {
+  const int64_t vec = 16 / int64_t(dtype_size(p.dtype));
+  const bool paged = p.kv_layout == FP_KV_PAGED;
+  const bool ok = aligned16(p.q) && aligned16(p.k) && aligned16(p.v) &&
+                  p.q_stride_token % vec == 0 && p.q_stride_head % vec == 0 &&
+                  p.k_stride_token % vec == 0 && p.k_stride_head % vec == 0 &&
+                  p.v_stride_token % vec == 0 && p.v_stride_head % vec == 0 &&
+                  (!paged || (p.k_stride_page % vec == 0 && p.v_stride_page % vec == 0));
+  if (ok) return FP_OK;
+  return fail(FP_ERROR_UNSUPPORTED,
+              "the CUDA index stage needs q, k and v 16-byte aligned, with every stride a "
+              "multiple of 16 bytes");
+}
+
+}  // namespace
+
+size_t build_index_workspace(const ProblemInfo& info, const fp_select_config& config) {
+  return IndexWorkspace(info, config).total();
+}
+
+fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
+                      const fp_index& index, void* workspace, size_t workspace_bytes) {
+  const fp_problem& p = *info.p;
+  const fp_index_sizes sizes = index_sizes(info, config);
+  const IndexWorkspace ws(info, config);
+  if (workspace_bytes < ws.total())
+    return fail(FP_ERROR_WORKSPACE_TOO_SMALL,
+                "index stage: workspace has " + std::to_string(workspace_bytes) +
+                    " bytes but needs " + std::to_string(ws.total()));
+  if (fp_status s = check_alignment(p); s != FP_OK) return s;
+  int device = 0, smem_limit = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+          cudaSuccess)
+    return fail(FP_ERROR_CUDA, "index stage: cannot query the device");
+  if (index::score_select_smem_bytes(p.head_dim, sizes.max_blocks) > size_t(smem_limit))
+    return fail(FP_ERROR_UNSUPPORTED,
+                "index stage: max_seqlen_k / block_size = " + std::to_string(sizes.max_blocks) +
+                    " blocks do not fit the scoring kernel's shared memory");
+
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  char* scratch = static_cast<char*>(workspace);
+  void* k_rounded = scratch;
+  auto* mask = reinterpret_cast<uint32_t*>(scratch + ws.k_rounded);
+  auto* counts = reinterpret_cast<int32_t*>(scratch + ws.k_rounded + ws.mask);
+  const index::SeqMeta meta = seq_meta(info);
+
+  index::PoolParams pool;
+  pool.meta = meta;
+  pool.batch = p.batch_size;
+  pool.num_heads_kv = p.num_heads_kv;
+  pool.max_blocks = sizes.max_blocks;
+  pool.block_size = config.block_size;
+  pool.kv[0] = p.k;
+  pool.kv[1] = p.v;
+  pool.stride_page[0] = p.k_stride_page;
+  pool.stride_page[1] = p.v_stride_page;
+  pool.stride_token[0] = p.k_stride_token;
+  pool.stride_token[1] = p.v_stride_token;
+  pool.stride_head[0] = p.k_stride_head;
+  pool.stride_head[1] = p.v_stride_head;
+  pool.mean[0] = index.k_mean;
+  pool.mean[1] = config.mean_correction ? index.v_mean : nullptr;
+  pool.k_rounded = k_rounded;
+  if (fp_status s = check_launch(index::launch_pool(pool, p.dtype, p.head_dim, stream), "pool");
+      s != FP_OK)
+    return s;
+
+  index::ScoreParams score;
+  score.meta = meta;
+  score.q = p.q;
+  score.q_stride_token = p.q_stride_token;
+  score.q_stride_head = p.q_stride_head;
+  score.k_rounded = k_rounded;
+  score.num_heads_kv = p.num_heads_kv;
+  score.max_q_tiles = sizes.max_q_tiles;
+  score.max_blocks = sizes.max_blocks;
+  score.block_size = config.block_size;
+  score.scale_log2 = float(double(info.scale) * kLog2e);
+  score.alpha = config.alpha;
+  score.rules = SelectRules{config.sink_tokens, config.window_tokens, config.dense_recent_tiles};
+  score.mask_words = ws.mask_words;
+  score.mask = mask;
+  score.counts = counts;
+  if (fp_status s = check_launch(
+          index::launch_score_select(score, p.batch_size, p.dtype, p.head_dim, stream),
+          "score_select");
+      s != FP_OK)
+    return s;
+
+  if (fp_status s = check_launch(index::launch_scan(counts, index.cu, sizes.num_segments, stream),
+                                 "scan");
+      s != FP_OK)
+    return s;
+
+  index::EmitParams emit;
+  emit.meta = meta;
+  emit.num_heads_kv = p.num_heads_kv;
+  emit.max_q_tiles = sizes.max_q_tiles;
+  emit.max_blocks = sizes.max_blocks;
+  emit.block_size = config.block_size;
+  emit.num_segments = sizes.num_segments;
+  emit.mask_words = ws.mask_words;
+  emit.mask = mask;
+  emit.counts = counts;
+  emit.cu = index.cu;
+  emit.idx = index.idx;
+  emit.idx_capacity = index.idx_capacity;
+  return check_launch(index::launch_emit(emit, stream), "emit");
+}
+
+}  // namespace flashprefill::cuda

@@ -1,0 +1,288 @@
+// Stage 1b. Four warps hold the 128 PackGQA rows of the query tile (32 rows each) as mma.sync A
+// fragments; the pooled keys stream through shared memory in chunks of 64 blocks, double
+// buffered with cp.async. Per chunk: S = Q K_bar^T on the tensor cores, the running maximum M
+// (Eq. 19), and the chunk's block energies E_J under that M. After the pass the energies are
+// rescaled to the final maximum and thresholded together with the forced rules (Eq. 20).
+#include "cuda/index/score_select.cuh"
+
+#include <cmath>
+
+#include "cuda/index/ptx.cuh"
+
+namespace flashprefill::cuda::index {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kWarpRows = kTileRows / kWarps;  // 32 rows = two m16 tiles per warp
+constexpr int kMTiles = kWarpRows / 16;
+constexpr int kChunk = 64;                     // pooled keys per step of the pass
+constexpr int kNTiles = kChunk / 8;
+constexpr uint32_t kFullMask = 0xffffffffu;
+
+template <int D>
+struct Layout {
+  static constexpr int kRowVecs = D * 2 / 16;  // 16-byte vectors per row of a 16-bit tile
+  static constexpr int kKSteps = D / 16;
+  static constexpr size_t kQBytes = size_t(kTileRows) * D * 2;
+  static constexpr size_t kChunkBytes = size_t(kChunk) * D * 2;
+  // Element offset of vector `vec` of row `row`: XOR-swizzled so that the eight rows one
+  // ldmatrix phase reads fall in distinct banks.
+  static __device__ __forceinline__ int offset(int row, int vec) {
+    return (row * kRowVecs + (vec ^ (row & 7))) * 8;
+  }
+};
+
+__host__ __device__ size_t padded_blocks(int32_t max_blocks) {
+  return size_t((max_blocks + kChunk - 1) / kChunk) * kChunk;
+}
+
+// Shared memory: Q tile | two K_bar chunks | E_J | chunk maxima | cross-warp reductions.
+struct Smem {
+  char* base;
+  size_t q_bytes, chunk_bytes, energies;
+  __device__ void* q() const { return base; }
+  __device__ void* chunk(int i) const { return base + q_bytes + i * chunk_bytes; }
+  __device__ float* energy() const {
+    return reinterpret_cast<float*>(base + q_bytes + 2 * chunk_bytes);
+  }
+  __device__ float* chunk_max() const { return energy() + energies; }
+  __device__ float* warp_max() const { return chunk_max() + energies / kChunk; }
+  __device__ float* warp_sums() const { return warp_max() + kWarps; }   // [kWarps][kChunk]
+  __device__ int32_t* warp_tiles() const {
+    return reinterpret_cast<int32_t*>(warp_sums() + kWarps * kChunk);
+  }
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int s = 16; s > 0; s /= 2) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, s));
+  return v;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScoreParams p) {
+  using L = Layout<D>;
+  extern __shared__ __align__(128) char smem_raw[];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Heavy (late) tiles first: they carry the most candidate blocks.
+  const int32_t tile = p.max_q_tiles - 1 - int32_t(blockIdx.x);
+  const int32_t h = blockIdx.y, b = blockIdx.z;
+  const int64_t segment = segment_id(b, h, tile, p.num_heads_kv, p.max_q_tiles);
+  const SeqGeometry seq = p.meta.seq(b);
+  const int32_t num_tiles = seq.num_q_tiles();
+  if (tile >= num_tiles) {
+    if (tid == 0) p.counts[segment] = 0;
+    return;
+  }
+  const BlockGeometry blocks{p.block_size, seq.len_kv};
+  const int32_t pmin = seq.pmin(tile);
+  const int32_t causal_tiles = seq.causal_tiles(tile);
+  const int32_t candidates = min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);
+  const int32_t num_chunks = (candidates + kChunk - 1) / kChunk;
+  const Smem sm{smem_raw, L::kQBytes, L::kChunkBytes, padded_blocks(p.max_blocks)};
+  // The recent rule and alpha = 0 select every candidate: no scoring needed.
+  const bool dense = tile >= num_tiles - p.rules.dense_recent_tiles || p.alpha == 0.f;
+
+  float running_max = -INFINITY;  // M of Eq. 19
+  if (!dense) {
+    const T* k_bar = static_cast<const T*>(p.k_rounded) +
+                     (int64_t(b) * p.num_heads_kv + h) * p.max_blocks * D;
+    auto load_chunk = [&](int c) {
+      T* dst = static_cast<T*>(sm.chunk(c & 1));
+      for (int v = tid; v < kChunk * L::kRowVecs; v += kThreads) {
+        const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
+        const int32_t block = c * kChunk + r;
+        const bool valid = block < candidates;
+        cp_async_16(dst + L::offset(r, vec), valid ? k_bar + int64_t(block) * D + vec * 8 : k_bar,
+                    valid);
+      }
+      cp_async_commit();
+    };
+
+    // PackGQA rows (Eq. 12-13): packed row R -> query R / g of head h * g + R % g.
+    const int64_t row0 = seq.tile_row_begin(tile);
+    const T* q = static_cast<const T*>(p.q);
+    const int32_t q_first = p.meta.cu_seqlens_q[b];
+    for (int v = tid; v < kTileRows * L::kRowVecs; v += kThreads) {
+      const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
+      const int64_t packed = row0 + r;
+      const bool valid = packed < seq.packed_rows();
+      const T* src = q;
+      if (valid)
+        src += (q_first + seq.query_index(packed)) * p.q_stride_token +
+               (int64_t(h) * seq.group + seq.head_in_group(packed)) * p.q_stride_head + vec * 8;
+      cp_async_16(static_cast<T*>(sm.q()) + L::offset(r, vec), src, valid);
+    }
+    load_chunk(0);
+
+    // Row r of the tile may score block J when J * bs <= p(r): J <= last_block[r].
+    int32_t last_block[kMTiles][2];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int64_t packed = row0 + warp * kWarpRows + mt * 16 + lane / 4 + half * 8;
+        last_block[mt][half] =
+            packed < seq.packed_rows() ? seq.position(packed) / p.block_size : -1;
+      }
+
+    cp_async_wait_all();
+    __syncthreads();  // q_tile_landed
+    uint32_t qa[kMTiles][L::kKSteps][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int ks = 0; ks < L::kKSteps; ++ks)
+        ldmatrix_x4(qa[mt][ks], static_cast<const T*>(sm.q()) +
+                                    L::offset(warp * kWarpRows + mt * 16 + lane % 16,
+                                              ks * 2 + lane / 16));
+
+    for (int c = 0; c < num_chunks; ++c) {
+      cp_async_wait_all();
+      __syncthreads();  // chunk_landed: chunk c is in smem, chunk c - 1 is consumed
+      if (c + 1 < num_chunks) load_chunk(c + 1);
+      const T* kc = static_cast<const T*>(sm.chunk(c & 1));
+
+      float s[kMTiles][kNTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mt][nt][i] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < L::kKSteps; ++ks)
+#pragma unroll
+        for (int np = 0; np < kNTiles / 2; ++np) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, kc + L::offset(np * 16 + lane % 8 + lane / 16 * 8, ks * 2 + lane / 8 % 2));
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_16816<T>(s[mt][2 * np], qa[mt][ks], kb[0], kb[1]);
+            mma_16816<T>(s[mt][2 * np + 1], qa[mt][ks], kb[2], kb[3]);
+          }
+        }
+
+      // x_rJ = (q_r . rho(k_mean_J)) * scale * log2(e) over valid pairs; M over the tile.
+      const int32_t first = c * kChunk + lane % 4 * 2;
+      float local_max = -INFINITY;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int32_t block = first + nt * 8 + i % 2;
+            const float x = block <= last_block[mt][i / 2] ? s[mt][nt][i] * p.scale_log2 : -INFINITY;
+            s[mt][nt][i] = x;
+            local_max = fmaxf(local_max, x);
+          }
+      local_max = warp_max(local_max);
+      if (lane == 0) sm.warp_max()[warp] = local_max;
+      __syncthreads();  // chunk_max_ready
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) running_max = fmaxf(running_max, sm.warp_max()[w]);
+
+      // Eq. 19: this chunk's E_J = sum over valid rows of 2^(x_rJ - M).
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float sum = 0.f;
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt)
+            sum += fast_exp2(s[mt][nt][e] - running_max) + fast_exp2(s[mt][nt][e + 2] - running_max);
+#pragma unroll
+          for (int stride = 4; stride < 32; stride *= 2)
+            sum += __shfl_xor_sync(kFullMask, sum, stride);
+          if (lane < 4) sm.warp_sums()[warp * kChunk + nt * 8 + lane * 2 + e] = sum;
+        }
+      __syncthreads();  // chunk_sums_ready
+      if (tid < kChunk) {
+        float energy = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) energy += sm.warp_sums()[w * kChunk + tid];
+        sm.energy()[c * kChunk + tid] = energy;
+      }
+      if (tid == 0) sm.chunk_max()[c] = running_max;
+    }
+    __syncthreads();  // energies_ready
+
+    // Eq. 20: rescale E_J from its chunk's maximum M_c to the final M; E_max over blocks.
+    float peak = 0.f;
+    for (int32_t j = tid; j < candidates; j += kThreads) {
+      const float energy =
+          sm.energy()[j] * fast_exp2(sm.chunk_max()[j / kChunk] - running_max);
+      sm.energy()[j] = energy;
+      peak = fmaxf(peak, energy);
+    }
+    peak = warp_max(peak);
+    if (lane == 0) sm.warp_max()[warp] = peak;
+    __syncthreads();  // peak_ready
+  }
+
+  // Eq. 20 selection, one 32-block mask word per warp step; tiles clipped to t < T_c(I).
+  float threshold = 0.f;
+  if (!dense) {
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) threshold = fmaxf(threshold, sm.warp_max()[w]);
+    threshold *= p.alpha;
+  }
+  uint32_t* mask = p.mask + segment * p.mask_words;
+  int32_t tiles = 0;
+  for (int32_t word = warp; word * 32 < candidates; word += kWarps) {
+    const int32_t block = word * 32 + lane;
+    bool selected = block < candidates;
+    if (selected && !dense)
+      selected = p.rules.forced(blocks, block, pmin, tile, num_tiles) ||
+                 sm.energy()[block] >= threshold;
+    const uint32_t bits = __ballot_sync(kFullMask, selected);
+    if (lane == 0) mask[word] = bits;
+    if (selected) tiles += min(blocks.end_tile(block), causal_tiles) - blocks.first_tile(block);
+  }
+#pragma unroll
+  for (int s = 16; s > 0; s /= 2) tiles += __shfl_xor_sync(kFullMask, tiles, s);
+  if (lane == 0) sm.warp_tiles()[warp] = tiles;
+  __syncthreads();  // tile_counts_ready
+  if (tid == 0) {
+    int32_t total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += sm.warp_tiles()[w];
+    p.counts[segment] = total;
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch(const ScoreParams& p, int32_t batch, cudaStream_t stream) {
+  const size_t smem = score_select_smem_bytes(D, p.max_blocks);
+  auto* kernel = score_select_kernel<T, D>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (err != cudaSuccess) return err;
+  kernel<<<dim3(unsigned(p.max_q_tiles), unsigned(p.num_heads_kv), unsigned(batch)), kThreads,
+           smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t score_select_smem_bytes(int32_t head_dim, int32_t max_blocks) {
+  const size_t energies = padded_blocks(max_blocks);
+  return size_t(kTileRows) * head_dim * 2 + 2 * size_t(kChunk) * head_dim * 2 +
+         (energies + energies / kChunk + kWarps + kWarps * kChunk) * sizeof(float) +
+         kWarps * sizeof(int32_t);
+}
+
+cudaError_t launch_score_select(const ScoreParams& params, int32_t batch, fp_dtype dtype,
+                                int32_t head_dim, cudaStream_t stream) {
+  if (params.max_q_tiles == 0) return cudaSuccess;
+  const bool bf16 = dtype == FP_BFLOAT16;
+  if (head_dim == 64)
+    return bf16 ? launch<__nv_bfloat16, 64>(params, batch, stream)
+                : launch<__half, 64>(params, batch, stream);
+  return bf16 ? launch<__nv_bfloat16, 128>(params, batch, stream)
+              : launch<__half, 128>(params, batch, stream);
+}
+
+}  // namespace flashprefill::cuda::index
