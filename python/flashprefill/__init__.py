@@ -1,0 +1,30 @@
+"""flashprefill: block-sparse long-context prefill attention (FlashPrefill V2) over the library's
+C ABI (include/flashprefill/flashprefill.h), through ctypes.
+
+    import flashprefill as fp
+    out = fp.prefill(q, k, v)                          # q [total_q, Hq, D], k, v [total_k, Hkv, D]
+    out, stats = fp.prefill(q, k, v, alpha=0.2, return_stats=True)   # stats['density']
+    ref = fp.dense_attention(q, k, v)
+    out = fp.prefill(q, fp.PagedKV(k_cache, v_cache, page_table, seqlens_k))
+
+Arrays are numpy (CPU; float32, float16, and bfloat16 through ml_dtypes) or torch tensors (CPU or
+CUDA; float32, bfloat16, float16). api.py states the shared conventions (layouts, varlen
+metadata, causal alignment, places); each call's docstring states its tensors.
+
+The shared library is found through FLASHPREFILL_LIB, else build/libflashprefill.so of the
+repository this package sits in, else the system library path.
+"""
+
+from ._index import Index, IndexSizes, SelectConfig
+from ._lib import KV_TILE, TILE_ROWS, FlashPrefillError, Status, version
+from ._problem import PagedKV
+from .api import (build_index, cuda_available, dense_attention, index_sizes, prefill,
+                  sparse_attention)
+
+__version__ = version()
+
+__all__ = [
+    "FlashPrefillError", "Index", "IndexSizes", "KV_TILE", "PagedKV", "SelectConfig", "Status",
+    "TILE_ROWS", "build_index", "cuda_available", "dense_attention", "index_sizes", "prefill",
+    "sparse_attention",
+]

@@ -1,0 +1,152 @@
+"""The selection config and the CSR index: SelectConfig, IndexSizes, Index, and the fp_index
+struct of an Index checked against the buffer sizes the library will assume."""
+
+import ctypes
+import dataclasses
+
+from . import _arrays, _lib
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectConfig:
+    """Block selection (Eq. 19-20) and mean correction (Eq. 6); mirrors fp_select_config.
+
+    Attributes:
+        block_size: logical KV block in tokens, a multiple of 64.
+        alpha: keep a block whose energy E_J >= alpha * max_J E_J; in [0, 1]; 0 keeps every
+            causal block (dense).
+        sink_tokens: keys [0, sink_tokens) are always kept.
+        window_tokens: keys within this distance before a query tile's first position are
+            kept (blocks that meet the diagonal are kept regardless).
+        dense_recent_tiles: the last n query tiles of every (request, KV head) run dense.
+        mean_correction: add one Eq. 6 surrogate key per unselected block that is fully
+            visible to the whole query tile.
+    """
+
+    block_size: int = 128
+    alpha: float = 0.1
+    sink_tokens: int = 256
+    window_tokens: int = 512
+    dense_recent_tiles: int = 1
+    mean_correction: bool = True
+
+    def to_c(self):
+        return _lib.SelectConfig(int(self.block_size), float(self.alpha), int(self.sink_tokens),
+                                 int(self.window_tokens), int(self.dense_recent_tiles),
+                                 int(bool(self.mean_correction)))
+
+    @classmethod
+    def from_c(cls, c):
+        return cls(c.block_size, c.alpha, c.sink_tokens, c.window_tokens, c.dense_recent_tiles,
+                   bool(c.mean_correction))
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexSizes:
+    """fp_index_sizes: the buffers an index for one problem and config needs.
+
+    Attributes:
+        num_segments: B * Hkv * max_q_tiles; cu has num_segments + 1 entries.
+        max_q_tiles: ceil(g * max_seqlen_q / 128), g = Hq / Hkv.
+        max_blocks: ceil(max_seqlen_k / block_size).
+        idx_capacity: upper bound on the selected tiles over all segments.
+        mean_elements: B * Hkv * max_blocks * D, the size of k_mean and of v_mean.
+    """
+
+    num_segments: int
+    max_q_tiles: int
+    max_blocks: int
+    idx_capacity: int
+    mean_elements: int
+
+
+def query_sizes(problem, config):
+    """IndexSizes of a BuiltProblem under a SelectConfig (fp_index_sizes_query)."""
+    c = _lib.IndexSizes()
+    c_config = config.to_c()
+    _lib.call("fp_index_sizes_query", ctypes.byref(problem.c), ctypes.byref(c_config),
+              ctypes.byref(c))
+    return IndexSizes(c.num_segments, c.max_q_tiles, c.max_blocks, c.idx_capacity,
+                      c.mean_elements)
+
+
+class Index:
+    """The CSR index of selected 64-token KV tiles plus the pooled block means.
+
+    Segment s = (b * Hkv + h) * max_q_tiles + I lists the tile ids idx[cu[s]:cu[s+1]]
+    (strictly ascending, local to request b) that query tile I of request b and KV head h
+    attends to (docs/ALGORITHM.md). Every array is contiguous and lives in the problem's place
+    (numpy, torch CPU, or the CUDA device of q).
+
+    Attributes:
+        cu: [num_segments + 1] int32, cu[0] = 0, non-decreasing.
+        idx: [idx_capacity] int32; entries past cu[-1] are unused.
+        k_mean: [B, Hkv, max_blocks, D] float32, the Eq. 5 block means of k.
+        v_mean: [B, Hkv, max_blocks, D] float32, or None when config.mean_correction is off.
+        config: the SelectConfig of the index; sparse_attention uses its block_size (the
+            layout of the means) and mean_correction.
+
+    An index may come from elsewhere (a block mask): build the arrays with the sizes that
+    index_sizes() reports; the library validates it on the CPU and skips non-causal ids on
+    CUDA.
+    """
+
+    def __init__(self, cu, idx, k_mean, v_mean=None, config=SelectConfig()):
+        self.cu = cu
+        self.idx = idx
+        self.k_mean = k_mean
+        self.v_mean = v_mean
+        self.config = config
+        self._problem = None
+
+    def segment(self, b, h, tile):
+        """The tile ids of query tile `tile` of request b and KV head h (a view of idx)."""
+        batch, num_heads_kv = self.k_mean.shape[0], self.k_mean.shape[1]
+        max_q_tiles = (len(self.cu) - 1) // (batch * num_heads_kv)
+        s = (b * num_heads_kv + h) * max_q_tiles + tile
+        return self.idx[int(self.cu[s]):int(self.cu[s + 1])]
+
+    def density(self):
+        """Selected tiles / causal tiles over all segments (fp_index_density), a float.
+
+        Only for an index that build_index() returned: it remembers its problem (and so keeps
+        that problem's arrays alive). Reads the index back: synchronizes the host on CUDA.
+        """
+        if self._problem is None:
+            raise ValueError("density() needs the problem the index was built for; only an "
+                             "index returned by build_index() has it")
+        density = ctypes.c_double()
+        c_config = self.config.to_c()
+        c_index, _ = index_struct(self, self._problem)
+        with self._problem.guard():
+            _lib.call("fp_index_density", ctypes.byref(self._problem.c), ctypes.byref(c_config),
+                      ctypes.byref(c_index), ctypes.byref(density))
+        return density.value
+
+
+def index_struct(index, problem):
+    """The fp_index of `index` for a BuiltProblem, and the Arrays it points into.
+
+    Checks what the library cannot: the buffers' dtypes, contiguity, place and sizes.
+    """
+    sizes = query_sizes(problem, index.config)
+    c = problem.c
+    means_shape = (c.batch_size, c.num_heads_kv, sizes.max_blocks, c.head_dim)
+    cu = _arrays.Array(index.cu, "index.cu")
+    _arrays.require(cu, "int32", "index.cu", (sizes.num_segments + 1,))
+    idx = _arrays.Array(index.idx, "index.idx")
+    if len(idx.shape) != 1:
+        raise ValueError(f"index.idx: expected shape [idx_capacity], got {idx.shape}")
+    _arrays.require(idx, "int32", "index.idx")
+    k_mean = _arrays.Array(index.k_mean, "index.k_mean")
+    _arrays.require(k_mean, "float32", "index.k_mean", means_shape)
+    arrays = [cu, idx, k_mean]
+    v_mean = None
+    if index.v_mean is not None:
+        v_mean = _arrays.Array(index.v_mean, "index.v_mean")
+        _arrays.require(v_mean, "float32", "index.v_mean", means_shape)
+        arrays.append(v_mean)
+    for a in arrays:
+        _arrays.require_same_place(problem.q, a)
+    return _lib.Index(cu.ptr, idx.ptr, k_mean.ptr, None if v_mean is None else v_mean.ptr,
+                      idx.shape[0]), arrays

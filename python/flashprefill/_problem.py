@@ -1,0 +1,148 @@
+"""From arrays to an fp_problem: the KV description (contiguous or PagedKV), the varlen metadata,
+and the checks the library cannot make because it only sees pointers (dimensions, one shape for
+k and v, one dtype and one place for every array). Everything the library does validate is left
+to it, so its messages reach the caller."""
+
+import dataclasses
+
+import numpy as np
+
+from . import _arrays, _lib
+
+
+@dataclasses.dataclass(frozen=True)
+class PagedKV:
+    """A paged KV cache; pass it as `k` (with `v` left out) to any attention call.
+
+    Key j of request b is row j % page_size of page page_table[b, j // page_size] (Eq. 22).
+
+    Attributes:
+        k_cache, v_cache: [num_pages, page_size, Hkv, D] in q's dtype and place; the head
+            dimension contiguous, the other strides free (in elements).
+        page_table: [B, max_pages_per_seq] integer; the entries a request uses lie in
+            [0, num_pages). int32 in q's place is used as is; anything else (another integer
+            dtype, a list, a host array for CUDA q) is converted into q's place.
+        seqlens_k: [B] integer L_kv(b), cached prefix included; converted like page_table.
+    """
+
+    k_cache: object
+    v_cache: object
+    page_table: object
+    seqlens_k: object
+
+
+class BuiltProblem:
+    """An fp_problem (`c`) and every array its pointers refer to (kept alive with it)."""
+
+    def __init__(self, c, q, keep):
+        self.c = c
+        self.q = q
+        self.keep = keep
+
+    def guard(self):
+        return _arrays.device_guard(self.q)
+
+
+def _max_length(lengths):
+    return int(lengths.max(initial=0))
+
+
+def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
+                  max_seqlen_q=None, max_seqlen_k=None, validate_metadata=True):
+    """The fp_problem of q against contiguous k, v or a PagedKV passed as k (see api.py)."""
+    qa = _arrays.wrap(q, "q", 3)
+    c = _lib.Problem()
+    c.dtype = _arrays.fp_dtype(qa)
+    paged = isinstance(k, PagedKV)
+    if paged:
+        if v is not None:
+            raise ValueError("v must be left out when k is a PagedKV (its v_cache holds the "
+                             "values)")
+        if cu_seqlens_k is not None:
+            raise ValueError("cu_seqlens_k does not apply to a PagedKV; its seqlens_k gives the "
+                             "key lengths")
+        ka = _arrays.wrap(k.k_cache, "k_cache", 4)
+        va = _arrays.wrap(k.v_cache, "v_cache", 4)
+    else:
+        if v is None:
+            raise TypeError("v is required unless k is a PagedKV")
+        ka = _arrays.wrap(k, "k", 3)
+        va = _arrays.wrap(v, "v", 3)
+    for a in (ka, va):
+        _arrays.require_same_place(qa, a)
+        if a.dtype != qa.dtype:
+            raise TypeError(f"{a.name}: dtype {a.dtype} differs from q's {qa.dtype}; q, k and v "
+                            f"share one dtype")
+    if ka.shape != va.shape:
+        raise ValueError(f"{ka.name} has shape {ka.shape} but {va.name} has {va.shape}; they "
+                         f"must match")
+    if ka.shape[-1] != qa.shape[-1]:
+        raise ValueError(f"head dimension differs: q has D = {qa.shape[-1]}, {ka.name} has "
+                         f"D = {ka.shape[-1]}")
+
+    total_q = qa.shape[0]
+    cu_q, cu_q_host = _arrays.int32_metadata([0, total_q] if cu_seqlens_q is None
+                                             else cu_seqlens_q, qa, "cu_seqlens_q")
+    if len(cu_q.shape) != 1:
+        raise ValueError(f"cu_seqlens_q: expected shape [B + 1], got {cu_q.shape}")
+    batch = cu_q.shape[0] - 1
+    keep = [qa, ka, va, cu_q]
+
+    c.device = qa.fp_device
+    c.stream = _arrays.stream_of(qa)
+    c.flags = _lib.FLAG_VALIDATE_DEVICE_METADATA if qa.on_cuda and validate_metadata else 0
+    c.batch_size = batch
+    c.num_heads_q = qa.shape[1]
+    c.num_heads_kv = ka.shape[-2]
+    c.head_dim = qa.shape[2]
+    c.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
+    c.q = qa.ptr
+    c.q_stride_token, c.q_stride_head = qa.strides[0], qa.strides[1]
+    c.total_q = total_q
+    c.cu_seqlens_q = cu_q.ptr
+    if max_seqlen_q is None:
+        host = _arrays.to_host(cu_q) if cu_q_host is None else cu_q_host
+        max_seqlen_q = _max_length(np.diff(host))
+    c.max_seqlen_q = max_seqlen_q
+    c.k, c.v = ka.ptr, va.ptr
+
+    if paged:
+        table, table_host = _arrays.int32_metadata(k.page_table, qa, "page_table")
+        if len(table.shape) != 2 or table.shape[0] != batch:
+            raise ValueError(f"page_table: expected shape [B = {batch}, max_pages_per_seq], got "
+                             f"{table.shape}")
+        lengths, lengths_host = _arrays.int32_metadata(k.seqlens_k, qa, "seqlens_k")
+        if lengths.shape != (batch,):
+            raise ValueError(f"seqlens_k: expected shape [B = {batch}], got {lengths.shape}")
+        keep += [table, lengths]
+        c.kv_layout = _lib.KvLayout.PAGED
+        c.k_stride_page, c.k_stride_token, c.k_stride_head = ka.strides[:3]
+        c.v_stride_page, c.v_stride_token, c.v_stride_head = va.strides[:3]
+        c.num_pages, c.page_size = ka.shape[0], ka.shape[1]
+        c.page_table = table.ptr
+        c.max_pages_per_seq = table.shape[1]
+        c.seqlens_k = lengths.ptr
+        if max_seqlen_k is None:
+            host = _arrays.to_host(lengths) if lengths_host is None else lengths_host
+            max_seqlen_k = _max_length(host)
+    else:
+        total_k = ka.shape[0]
+        if cu_seqlens_k is None and batch != 1:
+            raise ValueError(f"cu_seqlens_k is required for a batch of {batch} requests (it "
+                             f"defaults to [0, total_k] only for one)")
+        cu_k, cu_k_host = _arrays.int32_metadata([0, total_k] if cu_seqlens_k is None
+                                                 else cu_seqlens_k, qa, "cu_seqlens_k")
+        if cu_k.shape != cu_q.shape:
+            raise ValueError(f"cu_seqlens_k has shape {cu_k.shape} but cu_seqlens_q has "
+                             f"{cu_q.shape}; both are [B + 1]")
+        keep.append(cu_k)
+        c.kv_layout = _lib.KvLayout.CONTIGUOUS
+        c.k_stride_token, c.k_stride_head = ka.strides[0], ka.strides[1]
+        c.v_stride_token, c.v_stride_head = va.strides[0], va.strides[1]
+        c.total_k = total_k
+        c.cu_seqlens_k = cu_k.ptr
+        if max_seqlen_k is None:
+            host = _arrays.to_host(cu_k) if cu_k_host is None else cu_k_host
+            max_seqlen_k = _max_length(np.diff(host))
+    c.max_seqlen_k = max_seqlen_k
+    return BuiltProblem(c, qa, keep)
