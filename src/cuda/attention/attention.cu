@@ -1,0 +1,165 @@
+// The attention stage's CUDA entry points (cuda/backend.hpp): check what this kernel supports,
+// fill AttentionParams, carve the split partials out of the workspace, launch, combine.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include <cutlass/numeric_types.h>
+
+#include "cuda/attention/combine.hpp"
+#include "cuda/attention/heuristics.hpp"
+#include "cuda/attention/launch.hpp"
+#include "cuda/attention/params.hpp"
+#include "cuda/backend.hpp"
+
+namespace flashprefill::cuda {
+namespace {
+
+using attention::AttentionParams;
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+int sm_count() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      return 132;
+    return n;
+  }();
+  return count;
+}
+
+struct PartialBytes {
+  size_t o = 0, lse = 0;
+};
+
+PartialBytes partial_bytes(const ProblemInfo& info, int32_t splits) {
+  if (splits <= 1) return {};
+  const fp_problem& p = *info.p;
+  const size_t rows = size_t(p.total_q) * size_t(p.num_heads_q);
+  return {align_up(size_t(splits) * rows * size_t(p.head_dim) * sizeof(float)),
+          align_up(size_t(splits) * rows * sizeof(float))};
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// 16-byte copies need 16-byte aligned rows; the epilogue stores element pairs.
+fp_status check_supported(const ProblemInfo& info, const fp_output& out) {
+  const fp_problem& p = *info.p;
+  if (p.dtype != FP_BFLOAT16 && p.dtype != FP_FLOAT16)
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention supports bfloat16 and float16");
+  if (p.head_dim != 64 && p.head_dim != 128)
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention supports head_dim 64 and 128");
+  const bool paged = p.kv_layout == FP_KV_PAGED;
+  const int64_t strides[] = {p.q_stride_token, p.q_stride_head, p.k_stride_token, p.k_stride_head,
+                             p.v_stride_token, p.v_stride_head,
+                             paged ? p.k_stride_page : 0, paged ? p.v_stride_page : 0};
+  for (const int64_t s : strides)
+    if (s % 8 != 0)
+      return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs q/k/v strides that are multiples of 8");
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v))
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs 16-byte aligned q, k and v");
+  if (out.out_stride_token % 2 != 0 || out.out_stride_head % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(out.out) % 4 != 0)
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs even output strides");
+  return FP_OK;
+}
+
+AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
+  const fp_problem& p = *info.p;
+  AttentionParams a;
+  a.q = p.q;
+  a.q_stride_token = p.q_stride_token;
+  a.q_stride_head = p.q_stride_head;
+  a.total_q = p.total_q;
+  a.cu_seqlens_q = p.cu_seqlens_q;
+  a.k = p.k;
+  a.v = p.v;
+  a.k_stride_page = p.k_stride_page;
+  a.k_stride_token = p.k_stride_token;
+  a.k_stride_head = p.k_stride_head;
+  a.v_stride_page = p.v_stride_page;
+  a.v_stride_token = p.v_stride_token;
+  a.v_stride_head = p.v_stride_head;
+  a.paged = p.kv_layout == FP_KV_PAGED;
+  a.cu_seqlens_k = p.cu_seqlens_k;
+  a.seqlens_k = p.seqlens_k;
+  a.page_table = p.page_table;
+  a.page_size = a.paged ? p.page_size : 1;
+  a.max_pages_per_seq = p.max_pages_per_seq;
+  a.batch = p.batch_size;
+  a.heads_kv = p.num_heads_kv;
+  a.group = info.group;
+  a.max_q_tiles = info.max_q_tiles;
+  a.scale_log2 = info.scale * float(M_LOG2E);
+  a.out = out.out;
+  a.out_stride_token = out.out_stride_token;
+  a.out_stride_head = out.out_stride_head;
+  a.lse = out.lse;
+  return a;
+}
+
+fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace) {
+  const fp_problem& p = *info.p;
+  a.num_splits = attention::choose_splits(info, sm_count());
+  if (a.num_splits > 1) {
+    const PartialBytes bytes = partial_bytes(info, a.num_splits);
+    a.o_partial = static_cast<float*>(workspace);
+    a.lse_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + bytes.o);
+  }
+  if (a.max_q_tiles == 0 || p.total_q == 0) return FP_OK;
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  const bool bf16 = p.dtype == FP_BFLOAT16;
+  cudaError_t err;
+  if (p.head_dim == 128)
+    err = bf16 ? attention::launch_attention<cutlass::bfloat16_t, 128>(a, stream)
+               : attention::launch_attention<cutlass::half_t, 128>(a, stream);
+  else
+    err = bf16 ? attention::launch_attention<cutlass::bfloat16_t, 64>(a, stream)
+               : attention::launch_attention<cutlass::half_t, 64>(a, stream);
+  if (err == cudaSuccess && a.num_splits > 1) {
+    attention::launch_combine(a, p.dtype, p.head_dim, stream);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess)
+    return fail(FP_ERROR_CUDA, std::string("attention launch failed: ") + cudaGetErrorString(err));
+  return FP_OK;
+}
+
+}  // namespace
+
+size_t attention_workspace(const ProblemInfo& info, const fp_select_config&, bool) {
+  const PartialBytes bytes = partial_bytes(info, attention::choose_splits(info, sm_count()));
+  return bytes.o + bytes.lse;
+}
+
+fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,
+                           const fp_index& index, const fp_output& output, void* workspace,
+                           size_t) {
+  if (fp_status s = check_supported(info, output); s != FP_OK) return s;
+  if (config.mean_correction && (!aligned16(index.k_mean) || !aligned16(index.v_mean)))
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA mean correction needs 16-byte aligned k_mean/v_mean");
+  AttentionParams a = make_params(info, output);
+  a.sparse = true;
+  a.cu = index.cu;
+  a.idx = index.idx;
+  a.idx_capacity = index.idx_capacity;
+  a.correction = config.mean_correction != 0;
+  a.k_mean = index.k_mean;
+  a.v_mean = index.v_mean;
+  a.block_size = config.block_size;
+  a.max_blocks = index_sizes(info, config).max_blocks;
+  return run(info, a, workspace);
+}
+
+fp_status dense_attention(const ProblemInfo& info, const fp_output& output, void* workspace,
+                          size_t) {
+  if (fp_status s = check_supported(info, output); s != FP_OK) return s;
+  return run(info, make_params(info, output), workspace);
+}
+
+}  // namespace flashprefill::cuda

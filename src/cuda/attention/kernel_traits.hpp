@@ -1,0 +1,75 @@
+// Tile shapes, wgmma atoms and shared-memory layouts of the attention kernel.
+//
+// One CTA = one producer warpgroup + two consumer warpgroups. A query tile is FP_TILE_ROWS = 128
+// PackGQA rows (64 per consumer warpgroup) and one pipeline stage holds one 64-token KV tile, so
+// a stage is exactly one CSR entry (docs/ALGORITHM.md).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "core/geometry.hpp"
+
+namespace flashprefill::cuda::attention {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_>
+struct KernelTraits {
+  using Element = Element_;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTileRows;   // PackGQA rows per query tile
+  static constexpr int kBlockN = kKvTile;     // keys per KV tile
+  static constexpr int kStages = kHeadDim == 128 ? 4 : 6;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kThreads = kProducerThreads + kConsumerThreads;
+  // setmaxnreg budgets: 128 * 40 + 256 * 232 <= 64K registers.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kChunk = 16 / sizeof(Element);  // elements per 16-byte copy
+
+  using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
+  using AtomLayout = Layout<Shape<_2, _1, _1>>;  // one 64-row atom per consumer warpgroup
+
+  // S = Q K^T: A = Q and B = K both from shared memory, K-major.
+  using TiledMmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      AtomLayout{}));
+  // O += P V: A = P from registers, B = V^T from shared memory (head dim contiguous = MN-major).
+  using TiledMmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  using SmemLayoutQ = decltype(tile_to_shape(
+      GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(
+      GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  using SmemLayoutVt = decltype(tile_to_shape(
+      GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}));
+
+  // The S accumulator ((2, 2, N/8), 1, 1) reread as the wgmma A-register operand
+  // ((2, 2, 2), 1, N/16): both hold (col pair, row + 8, col + 8) in the same order.
+  using LayoutP = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>,
+                         Stride<Stride<_1, _2, _4>, _0, _8>>;
+
+  // What a stage holds; the producer writes it before the stage's full barrier.
+  enum StageKind : int32_t { kExactTile = 0, kMeanWindow = 1, kEnd = 2 };
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
+    float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| or -inf (Eq. 6)
+    int32_t stage_kind[kStages];
+    int32_t stage_tile[kStages];          // exact: tile id; window: first block id
+    alignas(8) uint64_t q_loaded;
+    uint64_t kv_loaded[kStages];
+    uint64_t kv_consumed[kStages];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+};
+
+}  // namespace flashprefill::cuda::attention

@@ -1,0 +1,13 @@
+// Per-(dtype, head dim) kernel launch, explicitly instantiated in instantiate_*.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/attention/params.hpp"
+
+namespace flashprefill::cuda::attention {
+
+template <class Element, int kHeadDim>
+cudaError_t launch_attention(const AttentionParams& p, cudaStream_t stream);
+
+}  // namespace flashprefill::cuda::attention

@@ -1,0 +1,109 @@
+// Producer-side copies into the shared-memory stages. Every global row goes through KvAddress
+// (Eq. 22), so contiguous and paged KV of any page size share one cp.async path; rows past the
+// sequence are zero-filled so that no stale value can reach the tensor cores.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+#include "core/geometry.hpp"
+#include "cuda/attention/params.hpp"
+#include "cuda/attention/seqlen.hpp"
+
+namespace flashprefill::cuda::attention {
+
+// 16-byte global -> shared copy; copies zeros when !valid (src-size 0).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = cute::cast_smem_ptr_to_uint(smem);
+  const int32_t src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+template <class Traits>
+struct TileLoader {
+  using Element = typename Traits::Element;
+  static constexpr int kD = Traits::kHeadDim;
+  static constexpr int kChunk = Traits::kChunk;
+  static constexpr int kChunksPerRow = kD / kChunk;
+  static constexpr int kThreads = Traits::kProducerThreads;
+
+  const AttentionParams& p;
+  const WorkTile& w;
+  int32_t thread;  // 0 .. kProducerThreads - 1
+
+  // Q tile: packed row r -> query r / g of head h g + r % g (Eq. 12-13).
+  template <class SmemQ>
+  __device__ void load_q(SmemQ& sQ) const {
+    const Element* q = static_cast<const Element*>(p.q);
+    const int64_t rows = w.seq.packed_rows();
+    for (int c = thread; c < Traits::kBlockM * kChunksPerRow; c += kThreads) {
+      const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
+      const int64_t r = w.seq.tile_row_begin(w.tile) + row;
+      const bool valid = r < rows;
+      const Element* src = q;
+      if (valid) {
+        const int64_t head = int64_t(w.h) * p.group + w.seq.head_in_group(r);
+        src = q + (w.q_row0 + w.seq.query_index(r)) * p.q_stride_token + head * p.q_stride_head + col;
+      }
+      cp_async_16(&sQ(row, col), src, valid);
+    }
+  }
+
+  // KV tile t: keys [64 t, 64 t + 64) of the request into stage `stage`.
+  template <class SmemK, class SmemVt>
+  __device__ void load_kv_tile(SmemK& sK, SmemVt& sVt, int32_t t, int stage) const {
+    const Element* k = static_cast<const Element*>(p.k);
+    const Element* v = static_cast<const Element*>(p.v);
+    for (int c = thread; c < Traits::kBlockN * kChunksPerRow; c += kThreads) {
+      const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
+      const int32_t j = t * kKvTile + row;
+      const bool valid = j < w.seq.len_kv;
+      const Element* k_src = k;
+      const Element* v_src = v;
+      if (valid) {
+        k_src = k + w.k_addr.offset(j) + int64_t(w.h) * p.k_stride_head + col;  // Eq. 22
+        v_src = v + w.v_addr.offset(j) + int64_t(w.h) * p.v_stride_head + col;
+      }
+      cp_async_16(&sK(row, col, stage), k_src, valid);
+      cp_async_16(&sVt(col, row, stage), v_src, valid);
+    }
+  }
+
+  // Mean window: column c holds block first_block + c, rho(k_mean) and rho(v_mean) rounded to
+  // the dtype as the contract requires; columns past the visible blocks hold zeros.
+  template <class SmemK, class SmemVt>
+  __device__ void load_mean_window(SmemK& sK, SmemVt& sVt, int32_t first_block,
+                                   int32_t visible_blocks, int stage) const {
+    const int64_t base = (int64_t(w.b) * p.heads_kv + w.h) * p.max_blocks;
+    cutlass::NumericArrayConverter<Element, float, kChunk> to_element;
+    for (int c = thread; c < Traits::kBlockN * kChunksPerRow; c += kThreads) {
+      const int col_block = c / kChunksPerRow, d = (c % kChunksPerRow) * kChunk;
+      const int32_t j = first_block + col_block;
+      cutlass::Array<float, kChunk> km, vm;
+      km.fill(0.f);
+      vm.fill(0.f);
+      if (j < visible_blocks) {
+        const float4* ks = reinterpret_cast<const float4*>(p.k_mean + (base + j) * kD + d);
+        const float4* vs = reinterpret_cast<const float4*>(p.v_mean + (base + j) * kD + d);
+        float4* kd = reinterpret_cast<float4*>(km.data());
+        float4* vd = reinterpret_cast<float4*>(vm.data());
+        for (int i = 0; i < kChunk / 4; ++i) {
+          kd[i] = ks[i];
+          vd[i] = vs[i];
+        }
+      }
+      *reinterpret_cast<cutlass::Array<Element, kChunk>*>(&sK(col_block, d, stage)) = to_element(km);
+      *reinterpret_cast<cutlass::Array<Element, kChunk>*>(&sVt(d, col_block, stage)) = to_element(vm);
+    }
+  }
+};
+
+}  // namespace flashprefill::cuda::attention

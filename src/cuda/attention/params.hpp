@@ -1,0 +1,59 @@
+// Kernel arguments of the attention operator: one flat struct, filled once on the host by
+// launch.hpp from a validated ProblemInfo, passed by value to the kernel.
+#pragma once
+
+#include <cstdint>
+
+namespace flashprefill::cuda::attention {
+
+struct AttentionParams {
+  // Queries [total_q, Hq, D] and lengths.
+  const void* q = nullptr;
+  int64_t q_stride_token = 0, q_stride_head = 0;
+  int64_t total_q = 0;
+  const int32_t* cu_seqlens_q = nullptr;
+
+  // Keys and values, contiguous or paged (Eq. 22).
+  const void* k = nullptr;
+  const void* v = nullptr;
+  int64_t k_stride_page = 0, k_stride_token = 0, k_stride_head = 0;
+  int64_t v_stride_page = 0, v_stride_token = 0, v_stride_head = 0;
+  bool paged = false;
+  const int32_t* cu_seqlens_k = nullptr;  // contiguous
+  const int32_t* seqlens_k = nullptr;     // paged
+  const int32_t* page_table = nullptr;    // paged
+  int32_t page_size = 1;
+  int32_t max_pages_per_seq = 0;
+
+  int32_t batch = 1;
+  int32_t heads_kv = 1;
+  int32_t group = 1;         // g = Hq / Hkv
+  int32_t max_q_tiles = 0;   // query tiles per (request, KV head) reserved in the grid
+  float scale_log2 = 0.f;    // softmax_scale * log2(e)
+
+  // The CSR index (sparse mode); dense mode visits every causal tile.
+  bool sparse = false;
+  const int32_t* cu = nullptr;
+  const int32_t* idx = nullptr;
+  int64_t idx_capacity = 0;
+
+  // Mean correction (Eq. 6).
+  bool correction = false;
+  const float* k_mean = nullptr;
+  const float* v_mean = nullptr;
+  int32_t block_size = 128;
+  int32_t max_blocks = 0;
+
+  // Output [total_q, Hq, D] and optional LSE [Hq, total_q].
+  void* out = nullptr;
+  int64_t out_stride_token = 0, out_stride_head = 0;
+  float* lse = nullptr;
+
+  // KV splitting (Eq. 18): with num_splits > 1 the kernel writes float partials
+  // o_partial [num_splits, total_q, Hq, D] and lse_partial [num_splits, Hq, total_q].
+  int32_t num_splits = 1;
+  float* o_partial = nullptr;
+  float* lse_partial = nullptr;
+};
+
+}  // namespace flashprefill::cuda::attention

@@ -1,0 +1,78 @@
+// Online softmax over the KV iterations of one query tile, in the log2 domain (FlashAttention's
+// running max and sum). Each thread owns two rows of its warpgroup's 64-row slab; the four
+// threads of a quad share a row, so row reductions are two xor-shuffles.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+
+namespace flashprefill::cuda::attention {
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <class Op>
+__device__ __forceinline__ float quad_allreduce(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return op(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// ((2, 2, V), M, N) accumulator -> ((2, M), (2, V, N)) = (row, col) view.
+template <class Layout>
+__host__ __device__ constexpr auto rowcol(Layout l) {
+  using cute::get;
+  auto v = get<0>(l);
+  return cute::make_layout(cute::make_layout(get<1>(v), get<1>(l)),
+                           cute::make_layout(get<0>(v), get<2>(v), get<2>(l)));
+}
+
+struct OnlineSoftmax {
+  float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain
+  float row_sum[2] = {0.f, 0.f};              // this thread's columns only until finalize
+
+  // Logits s (row, col) -> probabilities; rescales the output rows o to the new maximum.
+  template <class Scores, class Out>
+  __device__ __forceinline__ void update(Scores& s, Out& o) {
+    using cute::size;
+    CUTE_UNROLL
+    for (int m = 0; m < 2; ++m) {
+      float mx = row_max[m];
+      CUTE_UNROLL
+      for (int n = 0; n < size<1>(s); ++n) mx = fmaxf(mx, s(m, n));
+      mx = quad_allreduce(mx, [](float a, float b) { return fmaxf(a, b); });
+      const float base = mx == -INFINITY ? 0.f : mx;  // a row with no key yet stays at zero
+      const float factor = fast_exp2(row_max[m] - base);
+      row_max[m] = mx;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int n = 0; n < size<1>(s); ++n) {
+        s(m, n) = fast_exp2(s(m, n) - base);
+        sum += s(m, n);
+      }
+      row_sum[m] = row_sum[m] * factor + sum;
+      CUTE_UNROLL
+      for (int n = 0; n < size<1>(o); ++n) o(m, n) *= factor;
+    }
+  }
+
+  // Normalizes o and returns each row's natural-log LSE (-inf and o = 0 for a row with no key).
+  template <class Out>
+  __device__ __forceinline__ void finalize(Out& o, float (&lse)[2]) {
+    using cute::size;
+    constexpr float kLn2 = 0.69314718055994531f;
+    CUTE_UNROLL
+    for (int m = 0; m < 2; ++m) {
+      const float sum = quad_allreduce(row_sum[m], [](float a, float b) { return a + b; });
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      lse[m] = sum > 0.f ? (row_max[m] + log2f(sum)) * kLn2 : -INFINITY;
+      CUTE_UNROLL
+      for (int n = 0; n < size<1>(o); ++n) o(m, n) *= inv;
+    }
+  }
+};
+
+}  // namespace flashprefill::cuda::attention

@@ -1,0 +1,83 @@
+// Which KV iterations a query tile runs: the exact tiles, listed by the CSR and walked backwards
+// (Eq. 17) or every causal tile in dense mode, then the mean-correction windows over the blocks
+// fully visible to the tile (Eq. 6). A split (Eq. 18) takes an equal share of that sequence.
+#pragma once
+
+#include <cstdint>
+
+#include "core/geometry.hpp"
+#include "cuda/attention/params.hpp"
+#include "cuda/attention/seqlen.hpp"
+
+namespace flashprefill::cuda::attention {
+
+// Each correction iteration covers this many consecutive candidate blocks, one per KV column.
+inline constexpr int kWindowBlocks = kKvTile;
+
+struct Traversal {
+  int64_t csr_end = 0;        // sparse: one past the segment's last CSR entry
+  int32_t num_exact = 0;      // CSR entries (sparse) or causal tiles (dense)
+  int32_t causal_tiles = 0;   // T_c(I): ids at or past it are skipped, never read
+  int32_t visible_blocks = 0; // blocks with end_J - 1 <= pmin(I)
+  int32_t first = 0, last = 0;  // this split's iterations [first, last)
+
+  __device__ static Traversal make(const AttentionParams& p, const WorkTile& w) {
+    Traversal t;
+    t.causal_tiles = w.seq.causal_tiles(w.tile);
+    if (p.sparse) {
+      const int64_t s = segment_id(w.b, w.h, w.tile, p.heads_kv, p.max_q_tiles);
+      const int64_t begin = clamp_csr(p, p.cu[s]);
+      t.csr_end = clamp_csr(p, p.cu[s + 1]);
+      t.num_exact = t.csr_end > begin ? int32_t(t.csr_end - begin) : 0;
+    } else {
+      t.num_exact = t.causal_tiles;
+    }
+    int32_t windows = 0;
+    if (p.correction) {
+      const BlockGeometry blocks{p.block_size, w.seq.len_kv};
+      const int32_t pmin = w.seq.pmin(w.tile);
+      int32_t n = (pmin + 1) / p.block_size;
+      if (n < blocks.num_blocks() && fully_visible(blocks, n, pmin)) ++n;
+      t.visible_blocks = n < p.max_blocks ? n : p.max_blocks;
+      windows = int32_t(ceil_div(t.visible_blocks, kWindowBlocks));
+    }
+    const int64_t total = int64_t(t.num_exact) + windows;
+    t.first = int32_t(total * w.split / p.num_splits);  // Eq. 18
+    t.last = int32_t(total * (w.split + 1) / p.num_splits);
+    return t;
+  }
+
+  __device__ bool is_exact(int32_t i) const { return i < num_exact; }
+
+  // Exact iteration i: the tile id, or -1 when a foreign index lists an unreachable tile.
+  __device__ int32_t exact_tile(const AttentionParams& p, int32_t i) const {
+    const int32_t t = p.sparse ? p.idx[csr_end - 1 - i] : causal_tiles - 1 - i;  // Eq. 17
+    return (t >= 0 && t < causal_tiles) ? t : -1;
+  }
+
+  // Correction iteration i covers blocks [first_block, first_block + kWindowBlocks).
+  __device__ int32_t window_first_block(int32_t i) const {
+    return (i - num_exact) * kWindowBlocks;
+  }
+
+ private:
+  __device__ static int64_t clamp_csr(const AttentionParams& p, int64_t x) {
+    return x < 0 ? 0 : (x > p.idx_capacity ? p.idx_capacity : x);
+  }
+};
+
+// True when no listed tile of the segment falls in block j: the block gets a surrogate key.
+// The segment's ids ascend, so a binary search finds the first id at or after the block.
+__device__ inline bool block_unlisted(const AttentionParams& p, const Traversal& t,
+                                      const BlockGeometry& blocks, int32_t j) {
+  if (!p.sparse) return false;
+  const int32_t lo_tile = blocks.first_tile(j), hi_tile = blocks.end_tile(j);
+  int64_t lo = t.csr_end - t.num_exact, hi = t.csr_end;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (p.idx[mid] < lo_tile) lo = mid + 1; else hi = mid;
+  }
+  return lo == t.csr_end || p.idx[lo] >= hi_tile;
+}
+
+}  // namespace flashprefill::cuda::attention
