@@ -4,6 +4,8 @@ struct of an Index checked against the buffer sizes the library will assume."""
 import ctypes
 import dataclasses
 
+import numpy as np
+
 from . import _arrays, _lib
 
 
@@ -37,7 +39,9 @@ class SelectConfig:
 
     @classmethod
     def from_c(cls, c):
-        return cls(c.block_size, c.alpha, c.sink_tokens, c.window_tokens, c.dense_recent_tiles,
+        # alpha as the shortest decimal that names the same float32 (0.1, not 0.10000000149).
+        alpha = float(str(np.float32(c.alpha)))
+        return cls(c.block_size, alpha, c.sink_tokens, c.window_tokens, c.dense_recent_tiles,
                    bool(c.mean_correction))
 
 

@@ -181,7 +181,7 @@ _PROTOTYPES = {
 
 
 def _candidates():
-    """(description, path) pairs in search order: FLASHPREFILL_LIB, the repo's build/, the system."""
+    """(where, path) pairs in search order: FLASHPREFILL_LIB, the repo's build/, the system."""
     env = os.environ.get("FLASHPREFILL_LIB")
     if env:
         return [("FLASHPREFILL_LIB", env)]

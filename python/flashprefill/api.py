@@ -111,7 +111,8 @@ def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_to
     """Block-sparse causal prefill attention (FlashPrefill V2): index stage, then attention.
 
     Args:
-        q: [total_q, Hq, D] float32 / float16 / bfloat16, head dimension contiguous.
+        q: [total_q, Hq, D] float32 / float16 / bfloat16, a numpy array (CPU) or a torch
+            tensor (CPU or CUDA), head dimension contiguous.
         k, v: [total_k, Hkv, D] in q's dtype and place, head dimension contiguous; or a
             PagedKV as k with v left out.
         softmax_scale: None means 1 / sqrt(D).
@@ -122,8 +123,8 @@ def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_to
         return_stats: also return a dict of index statistics. This runs the two stages as
             separate calls (build_index, fp_index_density, sparse_attention) and reads the
             index back (a host synchronization on CUDA).
-        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see the module
-            docstring.
+        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see
+            help(flashprefill.api).
 
     Returns:
         out [total_q, Hq, D] in q's dtype and place; with return_lse also lse [Hq, total_q]
@@ -160,13 +161,14 @@ def dense_attention(q, k, v=None, softmax_scale=None, cu_seqlens_q=None, cu_seql
     """Exact causal attention over every causal key (on the CPU accumulated in float64).
 
     Args:
-        q: [total_q, Hq, D] float32 / float16 / bfloat16, head dimension contiguous.
+        q: [total_q, Hq, D] float32 / float16 / bfloat16, a numpy array (CPU) or a torch
+            tensor (CPU or CUDA), head dimension contiguous.
         k, v: [total_k, Hkv, D] in q's dtype and place, head dimension contiguous; or a
             PagedKV as k with v left out.
         softmax_scale: None means 1 / sqrt(D).
         cu_seqlens_q, cu_seqlens_k: [B + 1] integer; None means one request.
-        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see the module
-            docstring.
+        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see
+            help(flashprefill.api).
 
     Returns:
         out [total_q, Hq, D] in q's dtype and place, or (out, lse [Hq, total_q] float32).
@@ -187,12 +189,13 @@ def build_index(q, k, v=None, config=None, softmax_scale=None, cu_seqlens_q=None
     """Index stage: pool K/V block means, score and select blocks, write the CSR (Eq. 5, 19-20).
 
     Args:
-        q: [total_q, Hq, D] float32 / float16 / bfloat16, head dimension contiguous.
+        q: [total_q, Hq, D] float32 / float16 / bfloat16, a numpy array (CPU) or a torch
+            tensor (CPU or CUDA), head dimension contiguous.
         k, v: [total_k, Hkv, D] in q's dtype and place; or a PagedKV as k with v left out.
         config: a SelectConfig; None means SelectConfig().
         softmax_scale: None means 1 / sqrt(D) (it scales the block scores).
         cu_seqlens_q, cu_seqlens_k: [B + 1] integer; None means one request.
-        max_seqlen_q, max_seqlen_k, validate_metadata: see the module docstring.
+        max_seqlen_q, max_seqlen_k, validate_metadata: see help(flashprefill.api).
 
     Returns:
         An Index in q's place: cu [num_segments + 1] int32, idx [idx_capacity] int32,
@@ -211,14 +214,15 @@ def sparse_attention(q, k, v=None, index=None, softmax_scale=None, cu_seqlens_q=
     mean_correction, one Eq. 6 surrogate key per unlisted fully visible block.
 
     Args:
-        q: [total_q, Hq, D] float32 / float16 / bfloat16, head dimension contiguous.
+        q: [total_q, Hq, D] float32 / float16 / bfloat16, a numpy array (CPU) or a torch
+            tensor (CPU or CUDA), head dimension contiguous.
         k, v: [total_k, Hkv, D] in q's dtype and place; or a PagedKV as k with v=None.
         index: an Index for this problem (from build_index, or built from a block mask with
             the sizes index_sizes() reports), in q's place; required.
         softmax_scale: None means 1 / sqrt(D).
         cu_seqlens_q, cu_seqlens_k: [B + 1] integer; None means one request.
-        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see the module
-            docstring.
+        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see
+            help(flashprefill.api).
 
     Returns:
         out [total_q, Hq, D] in q's dtype and place, or (out, lse [Hq, total_q] float32).

@@ -28,6 +28,22 @@ def random_qkv(rng, total_q, total_k, num_heads_q, num_heads_kv, head_dim, dtype
     return q, k, v
 
 
+def structured_qkv(rng, total_q, total_k, num_heads_q, num_heads_kv, head_dim, block_size=128):
+    """Inputs on which selection is sparse: q rows share one direction per head, and k and v
+    are nearly constant within each block of block_size rows, so block energies differ widely
+    and a block mean stands in for its keys almost exactly (Eq. 6 then recovers the mass of a
+    dropped block). float32, contiguous, shapes as random_qkv."""
+    num_blocks = -(-total_k // block_size)
+    block_of = np.arange(total_k) // block_size
+    shared = rng.standard_normal((1, num_heads_q, head_dim))
+    q = 2.0 * shared + rng.standard_normal((total_q, num_heads_q, head_dim))
+    k = 1.5 * rng.standard_normal((num_blocks, num_heads_kv, head_dim))[block_of]
+    v = rng.standard_normal((num_blocks, num_heads_kv, head_dim))[block_of]
+    k += 0.02 * rng.standard_normal(k.shape)
+    v += 0.02 * rng.standard_normal(v.shape)
+    return q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
+
+
 def rel_l2(a, b):
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)

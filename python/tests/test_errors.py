@@ -103,7 +103,8 @@ def test_workspace_too_small(qkv):
               ctypes.byref(nbytes))
     assert nbytes.value > 0
     out = np.empty_like(qkv[0])
-    output = _lib.Output(_arrays.Array(out, "out").ptr, 64, 32, None)
+    out_array = _arrays.Array(out, "out")
+    output = _lib.Output(out_array.ptr, out_array.strides[0], out_array.strides[1], None)
     workspace = _arrays.Workspace(problem.q, nbytes.value)
     with pytest.raises(fp.FlashPrefillError) as caught:
         _lib.call("fp_prefill", ctypes.byref(problem.c), ctypes.byref(config),

@@ -5,7 +5,7 @@ import pytest
 
 import flashprefill as fp
 from conftest import (KV_TILE, TILE_ROWS, causal_tiles, cu_of, first_position, num_q_tiles,
-                      random_qkv, reference_attention, rel_l2)
+                      random_qkv, reference_attention, rel_l2, structured_qkv)
 
 
 def test_index_sizes():
@@ -26,7 +26,8 @@ def test_index_sizes():
 def test_index_follows_the_contract(rng):
     lens_q, lens_kv = [700, 90], [1000, 600]
     group, num_heads_kv = 2, 2
-    q, k, v = random_qkv(rng, sum(lens_q), sum(lens_kv), group * num_heads_kv, num_heads_kv, 32)
+    q, k, v = structured_qkv(rng, sum(lens_q), sum(lens_kv), group * num_heads_kv,
+                             num_heads_kv, 32)
     config = fp.SelectConfig(alpha=0.4, sink_tokens=128, window_tokens=64, block_size=128)
     index = fp.build_index(q, k, v, config, cu_seqlens_q=cu_of(lens_q),
                            cu_seqlens_k=cu_of(lens_kv))

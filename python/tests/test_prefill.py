@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import flashprefill as fp
-from conftest import random_qkv, reference_attention, rel_l2
+from conftest import random_qkv, reference_attention, rel_l2, structured_qkv
 
 SPARSE = dict(sink_tokens=0, window_tokens=0, dense_recent_tiles=0)
 
@@ -22,7 +22,7 @@ def test_alpha_zero_equals_dense(rng, num_heads_q, num_heads_kv, len_q, len_kv):
 
 
 def test_stats_and_two_stage_path_agree(rng):
-    q, k, v = random_qkv(rng, 1024, 1024, 4, 2, 64)
+    q, k, v = structured_qkv(rng, 1024, 1024, 4, 2, 64)
     params = dict(alpha=0.3, sink_tokens=64, window_tokens=128, block_size=128)
     fused = fp.prefill(q, k, v, **params)
     out, lse, stats = fp.prefill(q, k, v, return_stats=True, return_lse=True, **params)
@@ -37,31 +37,17 @@ def test_stats_and_two_stage_path_agree(rng):
     assert dense_stats["density"] == 1.0
 
 
-def _block_structured(rng, length, num_heads, head_dim, block_size):
-    """Keys and values that are nearly constant within each block, so a block mean stands in
-    for the block's keys almost exactly (Eq. 6 then recovers the dropped mass)."""
-    num_blocks = -(-length // block_size)
-    centres_k = 1.5 * rng.standard_normal((num_blocks, num_heads, head_dim))
-    centres_v = rng.standard_normal((num_blocks, num_heads, head_dim))
-    block_of = np.arange(length) // block_size
-    k = centres_k[block_of] + 0.02 * rng.standard_normal((length, num_heads, head_dim))
-    v = centres_v[block_of] + 0.02 * rng.standard_normal((length, num_heads, head_dim))
-    return k.astype(np.float32), v.astype(np.float32)
-
-
 def test_mean_correction_reduces_error_at_high_sparsity(rng):
-    length, num_heads, head_dim = 1024, 2, 64
-    q = rng.standard_normal((length, num_heads, head_dim)).astype(np.float32)
-    k, v = _block_structured(rng, length, num_heads, head_dim, 128)
+    q, k, v = structured_qkv(rng, 1024, 1024, 2, 2, 64)
     ref, _ = reference_attention(q, k, v)
     plain, stats = fp.prefill(q, k, v, alpha=0.5, mean_correction=False, return_stats=True,
                               **SPARSE)
     corrected = fp.prefill(q, k, v, alpha=0.5, mean_correction=True, **SPARSE)
-    assert stats["density"] < 0.6
+    assert stats["density"] < 0.7
     error_plain, error_corrected = rel_l2(plain, ref), rel_l2(corrected, ref)
-    assert error_plain > 1e-3
+    assert error_plain > 1e-2
     assert error_corrected <= error_plain
-    assert error_corrected < 0.25 * error_plain
+    assert error_corrected < 0.1 * error_plain
 
 
 def test_sparse_output_is_finite_and_close(rng):

@@ -1,4 +1,5 @@
-"""Varlen batches equal their requests run alone; cached prefixes (L_q < L_kv) align bottom-right."""
+"""Varlen batches equal their requests run alone; cached prefixes (L_q < L_kv) align
+bottom-right."""
 
 import numpy as np
 import pytest
