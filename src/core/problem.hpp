@@ -14,6 +14,7 @@ namespace flashprefill {
 // Records `message` as this thread's last error and returns `status`.
 fp_status fail(fp_status status, std::string message);
 void clear_error();
+const char* last_error();
 
 size_t dtype_size(fp_dtype dtype);
 const char* dtype_name(fp_dtype dtype);

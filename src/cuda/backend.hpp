@@ -12,6 +12,10 @@ namespace flashprefill::cuda {
 // True when this build has CUDA and device 0 is sm_90.
 bool available();
 
+// Synchronous copy of problem metadata for FP_FLAG_VALIDATE_DEVICE_METADATA (the one place that
+// synchronizes the host, and only when the caller asks for it).
+fp_status copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
+
 size_t build_index_workspace(const ProblemInfo& info, const fp_select_config& config);
 fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
                       const fp_index& index, void* workspace, size_t workspace_bytes);

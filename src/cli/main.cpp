@@ -1,0 +1,332 @@
+// `flashprefill demo`: the whole pipeline on the embedded workload, on the GPU when one is
+// present and on the CPU otherwise.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cli/workload.hpp"
+#include "flashprefill/flashprefill.h"
+#include "reference/numerics.hpp"
+
+#ifdef FP_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+using flashprefill::demo::Workload;
+using flashprefill::demo::WorkloadShape;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "flashprefill: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void check(fp_status s, const char* what) {
+  if (s != FP_OK) die(std::string(what) + ": " + fp_status_string(s) + ": " + fp_last_error_message());
+}
+
+// Host or CUDA memory and timing behind one interface.
+struct Device {
+  bool cuda = false;
+
+  void* alloc(size_t bytes) {
+    if (bytes == 0) bytes = 1;
+#ifdef FP_WITH_CUDA
+    if (cuda) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes) != cudaSuccess) die("cudaMalloc failed");
+      return p;
+    }
+#endif
+    return std::malloc(bytes);
+  }
+  void release(void* p) {
+#ifdef FP_WITH_CUDA
+    if (cuda) {
+      cudaFree(p);
+      return;
+    }
+#endif
+    std::free(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) {
+#ifdef FP_WITH_CUDA
+    if (cuda) {
+      if (cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) die("upload failed");
+      return;
+    }
+#endif
+    std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) {
+#ifdef FP_WITH_CUDA
+    if (cuda) {
+      if (cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) die("download failed");
+      return;
+    }
+#endif
+    std::memcpy(dst, src, bytes);
+  }
+  // Median milliseconds of `fn` (CUDA events after warm-up on the GPU; wall clock on the CPU).
+  double time_ms(const std::function<void()>& fn, int repeats) {
+#ifdef FP_WITH_CUDA
+    if (cuda) {
+      fn();
+      cudaDeviceSynchronize();
+      cudaEvent_t start, stop;
+      cudaEventCreate(&start);
+      cudaEventCreate(&stop);
+      std::vector<double> ms;
+      for (int i = 0; i < repeats; ++i) {
+        cudaEventRecord(start);
+        fn();
+        cudaEventRecord(stop);
+        cudaEventSynchronize(stop);
+        float t = 0;
+        cudaEventElapsedTime(&t, start, stop);
+        ms.push_back(t);
+      }
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      std::sort(ms.begin(), ms.end());
+      return ms[ms.size() / 2];
+    }
+#endif
+    std::vector<double> ms;
+    for (int i = 0; i < repeats; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn();
+      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  }
+};
+
+struct Buffer {
+  Device* dev;
+  void* ptr;
+  size_t bytes;
+  Buffer(Device& d, size_t n) : dev(&d), ptr(d.alloc(n)), bytes(n) {}
+  ~Buffer() { dev->release(ptr); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr); }
+};
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = flashprefill::ref::float_to_bf16(x[i]);
+  return out;
+}
+
+double rel_l2(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double a = flashprefill::ref::bf16_to_float(got[i]);
+    const double b = flashprefill::ref::bf16_to_float(want[i]);
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  return std::sqrt(num / den);
+}
+
+struct Options {
+  std::string device = "auto";
+  int32_t seqlen = 0;
+  fp_select_config config{};
+};
+
+void usage() {
+  std::printf(
+      "usage: flashprefill demo [--device auto|cpu|cuda] [--seqlen N] [--alpha A]\n"
+      "                         [--block-size B]\n"
+      "Runs the FlashPrefill V2 pipeline (index stage + sparse attention with mean correction)\n"
+      "on an embedded long-context workload (GQA 32/8, D = 128, bf16) and compares it with\n"
+      "exact attention.\n");
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  fp_select_config_default(&o.config);
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--device") o.device = value();
+    else if (a == "--seqlen") o.seqlen = std::atoi(value().c_str());
+    else if (a == "--alpha") o.config.alpha = float(std::atof(value().c_str()));
+    else if (a == "--block-size") o.config.block_size = std::atoi(value().c_str());
+    else if (a == "-h" || a == "--help") {
+      usage();
+      std::exit(0);
+    } else die("unknown option " + a);
+  }
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") die("--device must be auto, cpu or cuda");
+  return o;
+}
+
+int demo(const Options& opt) {
+  Device dev;
+  dev.cuda = opt.device == "cuda" || (opt.device == "auto" && fp_cuda_available());
+  if (dev.cuda && !fp_cuda_available()) die("--device cuda, but no CUDA backend or sm_90 GPU is available");
+  WorkloadShape shape;
+  shape.seqlen = opt.seqlen > 0 ? opt.seqlen : (dev.cuda ? 32768 : 4096);
+  const int32_t L = shape.seqlen, Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
+  std::printf("flashprefill %s demo on %s: L = %d, Hq = %d, Hkv = %d, D = %d, bf16, causal\n",
+              fp_version(), dev.cuda ? "CUDA" : "CPU", L, Hq, Hkv, D);
+  std::printf("config: block_size = %d, alpha = %g, sink = %d, window = %d, dense recent tiles = %d\n",
+              opt.config.block_size, double(opt.config.alpha), opt.config.sink_tokens,
+              opt.config.window_tokens, opt.config.dense_recent_tiles);
+
+  const Workload w = make_workload(shape);
+  const std::vector<uint16_t> q = to_bf16(w.q), k = to_bf16(w.k), v = to_bf16(w.v);
+  const size_t q_bytes = q.size() * 2, kv_bytes = k.size() * 2;
+  Buffer dq(dev, q_bytes), dk(dev, kv_bytes), dv(dev, kv_bytes), dcu(dev, 2 * sizeof(int32_t));
+  dev.upload(dq.ptr, q.data(), q_bytes);
+  dev.upload(dk.ptr, k.data(), kv_bytes);
+  dev.upload(dv.ptr, v.data(), kv_bytes);
+  const int32_t cu[2] = {0, L};
+  dev.upload(dcu.ptr, cu, sizeof(cu));
+
+  fp_problem p{};
+  p.device = dev.cuda ? FP_DEVICE_CUDA : FP_DEVICE_CPU;
+  p.dtype = FP_BFLOAT16;
+  p.batch_size = 1;
+  p.num_heads_q = Hq;
+  p.num_heads_kv = Hkv;
+  p.head_dim = D;
+  p.q = dq.ptr;
+  p.q_stride_token = int64_t(Hq) * D;
+  p.q_stride_head = D;
+  p.total_q = L;
+  p.cu_seqlens_q = dcu.as<int32_t>();
+  p.max_seqlen_q = L;
+  p.kv_layout = FP_KV_CONTIGUOUS;
+  p.k = dk.ptr;
+  p.v = dv.ptr;
+  p.k_stride_token = p.v_stride_token = int64_t(Hkv) * D;
+  p.k_stride_head = p.v_stride_head = D;
+  p.total_k = L;
+  p.cu_seqlens_k = dcu.as<int32_t>();
+  p.max_seqlen_k = L;
+
+  fp_select_config corrected = opt.config, plain = opt.config, dense_cfg = opt.config;
+  corrected.mean_correction = 1;
+  plain.mean_correction = 0;
+  dense_cfg.alpha = 0.f;
+  dense_cfg.mean_correction = 0;
+
+  fp_index_sizes sizes;
+  check(fp_index_sizes_query(&p, &corrected, &sizes), "index sizes");
+  Buffer cu_buf(dev, (sizes.num_segments + 1) * 4), idx_buf(dev, sizes.idx_capacity * 4),
+      km(dev, sizes.mean_elements * 4), vm(dev, sizes.mean_elements * 4);
+  fp_index index{cu_buf.as<int32_t>(), idx_buf.as<int32_t>(), km.as<float>(), vm.as<float>(),
+                 sizes.idx_capacity};
+  size_t ws_index = 0, ws_attn = 0, ws_dense = 0;
+  check(fp_build_index_workspace_size(&p, &corrected, &ws_index), "workspace size");
+  check(fp_sparse_attention_workspace_size(&p, &corrected, &ws_attn), "workspace size");
+  check(fp_dense_attention_workspace_size(&p, &ws_dense), "workspace size");
+  Buffer ws(dev, std::max({ws_index, ws_attn, ws_dense}));
+  Buffer out_corr(dev, q_bytes), out_plain(dev, q_bytes), out_dense(dev, q_bytes);
+  auto output = [&](Buffer& b) {
+    return fp_output{b.ptr, int64_t(Hq) * D, D, nullptr};
+  };
+  const fp_output o_corr = output(out_corr), o_plain = output(out_plain), o_dense = output(out_dense);
+  const int reps = dev.cuda ? 20 : 1;
+
+  const double t_index = dev.time_ms([&] { check(fp_build_index(&p, &corrected, &index, ws.ptr, ws.bytes), "build index"); }, reps);
+  double density = 0;
+  check(fp_index_density(&p, &corrected, &index, &density), "density");
+  const double t_corr = dev.time_ms([&] { check(fp_sparse_attention(&p, &corrected, &index, &o_corr, ws.ptr, ws.bytes), "sparse attention"); }, reps);
+  const double t_plain = dev.time_ms([&] { check(fp_sparse_attention(&p, &plain, &index, &o_plain, ws.ptr, ws.bytes), "sparse attention"); }, reps);
+
+  // Dense baseline: the same engine visiting every causal tile.
+  double t_dense = 0;
+  if (dev.cuda) {
+    t_dense = dev.time_ms([&] { check(fp_dense_attention(&p, &o_dense, ws.ptr, ws.bytes), "dense attention"); }, reps);
+  } else {
+    Buffer dcu2(dev, (sizes.num_segments + 1) * 4), didx2(dev, sizes.idx_capacity * 4);
+    fp_index full{dcu2.as<int32_t>(), didx2.as<int32_t>(), km.as<float>(), vm.as<float>(), sizes.idx_capacity};
+    check(fp_build_index(&p, &dense_cfg, &full, ws.ptr, ws.bytes), "build dense index");
+    t_dense = dev.time_ms([&] { check(fp_sparse_attention(&p, &dense_cfg, &full, &o_dense, ws.ptr, ws.bytes), "dense attention"); }, reps);
+  }
+
+  // Exact reference: float64 on the CPU (every row on the CPU path; sampled chunks of rows on the GPU).
+  std::vector<uint16_t> got_corr(q.size()), got_plain(q.size());
+  dev.download(got_corr.data(), out_corr.ptr, q_bytes);
+  dev.download(got_plain.data(), out_plain.ptr, q_bytes);
+  const int32_t chunk = dev.cuda ? 128 : L;
+  std::vector<int32_t> starts;
+  if (dev.cuda) {
+    for (int32_t c = 1; c <= 6; ++c) starts.push_back(std::max(0, int32_t(int64_t(L) * c / 7) - chunk));
+  } else {
+    starts.push_back(0);
+  }
+  std::vector<uint16_t> exact, sub_corr, sub_plain;
+  const auto t_ref0 = std::chrono::steady_clock::now();
+  for (int32_t s : starts) {
+    const int32_t n = std::min(chunk, L - s);
+    fp_problem hp = p;
+    hp.device = FP_DEVICE_CPU;
+    hp.stream = nullptr;
+    hp.q = q.data() + size_t(s) * Hq * D;
+    hp.total_q = n;
+    hp.max_seqlen_q = n;
+    hp.k = k.data();
+    hp.v = v.data();
+    hp.total_k = s + n;
+    hp.max_seqlen_k = s + n;
+    const int32_t cuq[2] = {0, n}, cuk[2] = {0, s + n};
+    hp.cu_seqlens_q = cuq;
+    hp.cu_seqlens_k = cuk;
+    std::vector<uint16_t> ref(size_t(n) * Hq * D);
+    const fp_output o{ref.data(), int64_t(Hq) * D, D, nullptr};
+    check(fp_dense_attention(&hp, &o, nullptr, 0), "exact reference");
+    exact.insert(exact.end(), ref.begin(), ref.end());
+    const size_t a = size_t(s) * Hq * D, e = a + ref.size();
+    sub_corr.insert(sub_corr.end(), got_corr.begin() + a, got_corr.begin() + e);
+    sub_plain.insert(sub_plain.end(), got_plain.begin() + a, got_plain.begin() + e);
+  }
+  const double t_ref = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_ref0).count();
+
+  std::printf("\n%-44s %12s\n", "stage", "time (ms)");
+  std::printf("%-44s %12.3f\n", "index: pool + score/select + CSR", t_index);
+  std::printf("%-44s %12.3f\n", "sparse attention + mean correction", t_corr);
+  std::printf("%-44s %12.3f\n", "sparse attention, no correction", t_plain);
+  std::printf("%-44s %12.3f\n", dev.cuda ? "dense attention (dense mode)" : "dense attention (same engine, every tile)", t_dense);
+  std::printf("%-44s %12.3f\n", "exact float64 reference (CPU)", t_ref);
+  std::printf("\ndensity (selected / causal 64-token tiles)   %10.2f %%\n", 100 * density);
+  std::printf("rel. L2 error vs exact, mean correction       %10.3e\n", rel_l2(sub_corr, exact));
+  std::printf("rel. L2 error vs exact, no correction         %10.3e\n", rel_l2(sub_plain, exact));
+  std::printf("rows compared                                 %10zu of %d%s\n", exact.size() / (size_t(Hq) * D),
+              L, dev.cuda ? " (sampled chunks)" : "");
+  std::printf("speedup of index + corrected sparse vs dense  %10.2fx\n", t_dense / (t_index + t_corr));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "-h" || std::string(argv[1]) == "--help") {
+    usage();
+    return argc < 2 ? 1 : 0;
+  }
+  if (std::string(argv[1]) == "demo") return demo(parse(argc, argv));
+  if (std::string(argv[1]) == "version") {
+    std::printf("%s\n", fp_version());
+    return 0;
+  }
+  usage();
+  return 1;
+}

@@ -1,0 +1,101 @@
+#include "cli/workload.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace flashprefill::demo {
+namespace {
+
+// splitmix64: a small, portable, deterministic generator.
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return double(next() >> 11) * 0x1.0p-53; }
+  float normal() {
+    const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
+    return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+  }
+};
+
+// Unit vector over the dims [d0, d1).
+std::vector<float> direction(Rng& rng, int32_t D, int32_t d0, int32_t d1) {
+  std::vector<float> u(D, 0.f);
+  double norm = 0;
+  for (int32_t d = d0; d < d1; ++d) {
+    u[d] = rng.normal();
+    norm += double(u[d]) * u[d];
+  }
+  for (float& x : u) x = float(x / std::sqrt(norm));
+  return u;
+}
+
+void add(float* row, const std::vector<float>& u, float amount) {
+  for (size_t d = 0; d < u.size(); ++d) row[d] += amount * u[d];
+}
+
+}  // namespace
+
+Workload make_workload(const WorkloadShape& s) {
+  Workload w{s, {}, {}, {}};
+  const int32_t L = s.seqlen, D = s.head_dim, g = s.num_heads_q / s.num_heads_kv;
+  w.q.resize(size_t(L) * s.num_heads_q * D);
+  w.k.resize(size_t(L) * s.num_heads_kv * D);
+  w.v.resize(size_t(L) * s.num_heads_kv * D);
+  Rng rng{s.seed};
+  for (float& x : w.q) x = 0.35f * rng.normal();
+  for (float& x : w.k) x = 0.35f * rng.normal();
+  for (float& x : w.v) x = rng.normal();
+
+  // Target logits (after the 1/sqrt(D) scale) of each structure.
+  constexpr float kSinkLogit = 5.f, kVerticalLogit = 4.f, kNeedleLogit = 7.f, kBandLogit = 5.f;
+  const float unit = std::sqrt(float(D));
+  const int32_t band_dims = std::min(32, D / 2);  // dims [0, band_dims) hold the positional kernel
+  for (int32_t h = 0; h < s.num_heads_kv; ++h) {
+    const std::vector<float> sink = direction(rng, D, band_dims, D);
+    const std::vector<float> vertical = direction(rng, D, band_dims, D);
+    const std::vector<float> needle = direction(rng, D, band_dims, D);
+    auto krow = [&](int32_t pos) { return &w.k[(size_t(pos) * s.num_heads_kv + h) * D]; };
+    auto qrow = [&](int32_t pos, int32_t r) {
+      return &w.q[(size_t(pos) * s.num_heads_q + h * g + r) * D];
+    };
+    // Local band: sum of cosines of the position difference at low frequencies, peaked at 0.
+    for (int32_t pos = 0; pos < L; ++pos)
+      for (int32_t f = 0; f < band_dims / 2; ++f) {
+        const double omega = 1.0 / std::pow(64.0, 1.0 + 2.0 * f / band_dims);
+        const float c = float(std::cos(omega * pos)), sn = float(std::sin(omega * pos));
+        const float amp = std::sqrt(kBandLogit * unit / (band_dims / 2));
+        krow(pos)[2 * f] += amp * c;
+        krow(pos)[2 * f + 1] += amp * sn;
+        for (int32_t r = 0; r < g; ++r) {
+          qrow(pos, r)[2 * f] += amp * c;
+          qrow(pos, r)[2 * f + 1] += amp * sn;
+        }
+      }
+    // Sinks and vertical columns: every query reads them.
+    for (int32_t pos = 0; pos < std::min(L, 4); ++pos) add(krow(pos), sink, 3.f);
+    std::vector<int32_t> columns;
+    for (int32_t c = 0; c < 8 && L > 1024; ++c) columns.push_back(1024 + int32_t(rng.next() % uint64_t(L - 1024)));
+    for (int32_t c : columns) add(krow(c), vertical, 3.f);
+    // Needles: a few far-back 64-token blocks that one later query range retrieves each.
+    for (int32_t n = 0; n < 4 && L >= 4096; ++n) {
+      const int32_t block = int32_t(rng.next() % uint64_t(L / 2 / 64)) * 64;
+      const int32_t q0 = L / 2 + int32_t(rng.next() % uint64_t(L / 2 - 256));
+      for (int32_t pos = block; pos < block + 64; ++pos) add(krow(pos), needle, 2.5f);
+      for (int32_t pos = q0; pos < std::min(L, q0 + 256); ++pos)
+        for (int32_t r = 0; r < g; ++r) add(qrow(pos, r), needle, kNeedleLogit * unit / 2.5f);
+    }
+    for (int32_t pos = 0; pos < L; ++pos)
+      for (int32_t r = 0; r < g; ++r) {
+        add(qrow(pos, r), sink, kSinkLogit * unit / 3.f);
+        add(qrow(pos, r), vertical, kVerticalLogit * unit / 3.f);
+      }
+  }
+  return w;
+}
+
+}  // namespace flashprefill::demo

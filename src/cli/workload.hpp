@@ -1,0 +1,28 @@
+// The demo's embedded workload: deterministic Q/K/V shaped like long-context LLM attention.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace flashprefill::demo {
+
+struct WorkloadShape {
+  int32_t seqlen = 4096;
+  int32_t num_heads_q = 32;
+  int32_t num_heads_kv = 8;
+  int32_t head_dim = 128;
+  uint64_t seed = 20260823;
+};
+
+// Row-major float32 tensors: q [L, Hq, D], k and v [L, Hkv, D]. Per KV head the logits carry
+// attention sinks (the first 4 keys), a local band (a smooth positional kernel), a few heavy
+// "vertical" key columns that every query reads, and far-back "needle" blocks that only some
+// query ranges retrieve.
+struct Workload {
+  WorkloadShape shape;
+  std::vector<float> q, k, v;
+};
+
+Workload make_workload(const WorkloadShape& shape);
+
+}  // namespace flashprefill::demo

@@ -1,0 +1,301 @@
+#include "core/problem.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include "cuda/backend.hpp"
+
+namespace flashprefill {
+namespace {
+
+thread_local std::string g_last_error;
+
+template <typename... Args>
+std::string format(const char* fmt, Args... args) {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf), fmt, args...);
+  return buf;
+}
+
+fp_status invalid(std::string message) { return fail(FP_ERROR_INVALID_ARGUMENT, std::move(message)); }
+
+// True when no two elements of a strided tensor alias: with dims sorted by stride, each stride
+// must step over the whole extent of the dims inside it.
+bool non_overlapping(std::vector<std::pair<int64_t, int64_t>> dims /* (stride, extent) */) {
+  std::erase_if(dims, [](auto& d) { return d.second <= 1; });
+  std::sort(dims.begin(), dims.end());
+  int64_t span = 1;
+  for (auto [stride, extent] : dims) {
+    if (stride < span) return false;
+    span = stride * extent;
+  }
+  return true;
+}
+
+fp_status check_rows(const char* name, const void* data, int64_t rows, int64_t stride_token,
+                     int64_t stride_head, int32_t heads, int32_t dim) {
+  if (rows > 0 && data == nullptr) return invalid(format("%s is NULL", name));
+  if (stride_token < 1 || stride_head < 1)
+    return invalid(format("%s strides must be positive (token %lld, head %lld)", name,
+                          (long long)stride_token, (long long)stride_head));
+  if (!non_overlapping({{stride_token, rows}, {stride_head, heads}, {1, dim}}))
+    return invalid(format("%s strides (token %lld, head %lld) overlap for %d heads of dim %d", name,
+                          (long long)stride_token, (long long)stride_head, heads, dim));
+  return FP_OK;
+}
+
+fp_status check_cu_seqlens(const char* name, const std::vector<int32_t>& cu, int64_t total) {
+  if (cu[0] != 0) return invalid(format("%s[0] must be 0, got %d", name, cu[0]));
+  for (size_t b = 0; b + 1 < cu.size(); ++b)
+    if (cu[b + 1] < cu[b])
+      return invalid(format("%s must be non-decreasing: %s[%zu] = %d > %s[%zu] = %d", name, name,
+                            b, cu[b], name, b + 1, cu[b + 1]));
+  if (cu.back() != total)
+    return invalid(format("%s[batch_size] = %d but the total is %lld", name, cu.back(),
+                          (long long)total));
+  return FP_OK;
+}
+
+// Copies `count` int32 from the problem's device into `out`.
+fp_status fetch(const fp_problem& p, const int32_t* src, size_t count, std::vector<int32_t>& out) {
+  out.resize(count);
+  if (count == 0) return FP_OK;
+  if (p.device == FP_DEVICE_CPU) {
+    std::memcpy(out.data(), src, count * sizeof(int32_t));
+    return FP_OK;
+  }
+  return cuda::copy_to_host(out.data(), src, count * sizeof(int32_t), p.stream);
+}
+
+fp_status load_metadata(const fp_problem& p, ProblemInfo* info) {
+  const int32_t B = p.batch_size;
+  if (fp_status s = fetch(p, p.cu_seqlens_q, B + 1, info->cu_q); s != FP_OK) return s;
+  if (fp_status s = check_cu_seqlens("cu_seqlens_q", info->cu_q, p.total_q); s != FP_OK) return s;
+  info->len_kv.assign(B, 0);
+  info->kv_row0.assign(B, 0);
+  if (p.kv_layout == FP_KV_CONTIGUOUS) {
+    std::vector<int32_t> cu_k;
+    if (fp_status s = fetch(p, p.cu_seqlens_k, B + 1, cu_k); s != FP_OK) return s;
+    if (fp_status s = check_cu_seqlens("cu_seqlens_k", cu_k, p.total_k); s != FP_OK) return s;
+    for (int32_t b = 0; b < B; ++b) {
+      info->len_kv[b] = cu_k[b + 1] - cu_k[b];
+      info->kv_row0[b] = cu_k[b];
+    }
+  } else {
+    if (fp_status s = fetch(p, p.seqlens_k, B, info->len_kv); s != FP_OK) return s;
+    if (fp_status s = fetch(p, p.page_table, size_t(B) * p.max_pages_per_seq, info->page_table);
+        s != FP_OK)
+      return s;
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t len = info->len_kv[b];
+      if (len < 0) return invalid(format("seqlens_k[%d] = %d is negative", b, len));
+      const int64_t pages = ceil_div(len, p.page_size);
+      if (pages > p.max_pages_per_seq)
+        return invalid(format("request %d has %d keys and needs %lld pages of %d, but "
+                              "max_pages_per_seq is %d",
+                              b, len, (long long)pages, p.page_size, p.max_pages_per_seq));
+      for (int64_t i = 0; i < pages; ++i) {
+        const int32_t page = info->page_table[size_t(b) * p.max_pages_per_seq + i];
+        if (page < 0 || page >= p.num_pages)
+          return invalid(format("page_table[%d][%lld] = %d is outside [0, num_pages = %d)", b,
+                                (long long)i, page, p.num_pages));
+      }
+    }
+  }
+  for (int32_t b = 0; b < B; ++b) {
+    const int32_t lq = info->len_q(b), lk = info->len_kv[b];
+    if (lq > p.max_seqlen_q)
+      return invalid(format("request %d has %d queries > max_seqlen_q = %d", b, lq, p.max_seqlen_q));
+    if (lk > p.max_seqlen_k)
+      return invalid(format("request %d has %d keys > max_seqlen_k = %d", b, lk, p.max_seqlen_k));
+    if (lq > lk)
+      return invalid(format("request %d has more queries (%d) than keys (%d); keys must include "
+                            "the new tokens",
+                            b, lq, lk));
+  }
+  info->has_host_metadata = true;
+  return FP_OK;
+}
+
+}  // namespace
+
+fp_status fail(fp_status status, std::string message) {
+  g_last_error = std::move(message);
+  return status;
+}
+
+void clear_error() { g_last_error.clear(); }
+
+const char* last_error() { return g_last_error.c_str(); }
+
+size_t dtype_size(fp_dtype dtype) { return dtype == FP_FLOAT32 ? 4 : 2; }
+
+const char* dtype_name(fp_dtype dtype) {
+  switch (dtype) {
+    case FP_FLOAT32: return "float32";
+    case FP_BFLOAT16: return "bfloat16";
+    case FP_FLOAT16: return "float16";
+  }
+  return "unknown";
+}
+
+KvAddress ProblemInfo::kv_address(int32_t b, bool value) const {
+  KvAddress a;
+  a.paged = p->kv_layout == FP_KV_PAGED;
+  a.stride_token = value ? p->v_stride_token : p->k_stride_token;
+  if (a.paged) {
+    a.pages = page_table.data() + size_t(b) * p->max_pages_per_seq;
+    a.page_size = p->page_size;
+    a.stride_page = value ? p->v_stride_page : p->k_stride_page;
+  } else {
+    a.row0 = kv_row0[b];
+  }
+  return a;
+}
+
+fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
+  if (problem == nullptr) return invalid("problem is NULL");
+  const fp_problem& p = *problem;
+  info->p = problem;
+  if (p.device != FP_DEVICE_CPU && p.device != FP_DEVICE_CUDA)
+    return invalid(format("unknown device %d", int(p.device)));
+  if (p.dtype != FP_FLOAT32 && p.dtype != FP_BFLOAT16 && p.dtype != FP_FLOAT16)
+    return invalid(format("unknown dtype %d", int(p.dtype)));
+  if (p.batch_size < 1) return invalid(format("batch_size must be >= 1, got %d", p.batch_size));
+  if (p.num_heads_q < 1 || p.num_heads_kv < 1)
+    return invalid(format("num_heads_q (%d) and num_heads_kv (%d) must be >= 1", p.num_heads_q,
+                          p.num_heads_kv));
+  if (p.num_heads_q % p.num_heads_kv != 0)
+    return invalid(format("num_heads_q (%d) must be a multiple of num_heads_kv (%d)",
+                          p.num_heads_q, p.num_heads_kv));
+  if (p.head_dim < 1 || p.head_dim > 512)
+    return invalid(format("head_dim %d is outside [1, 512]", p.head_dim));
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.f)
+    return invalid(format("softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got %g",
+                          double(p.softmax_scale)));
+  if (p.total_q < 0 || p.max_seqlen_q < 0 || p.max_seqlen_k < 0)
+    return invalid("total_q, max_seqlen_q and max_seqlen_k must be >= 0");
+  if (p.cu_seqlens_q == nullptr) return invalid("cu_seqlens_q is NULL");
+  if (fp_status s = check_rows("q", p.q, p.total_q, p.q_stride_token, p.q_stride_head,
+                               p.num_heads_q, p.head_dim);
+      s != FP_OK)
+    return s;
+  if (p.kv_layout == FP_KV_CONTIGUOUS) {
+    if (p.total_k < 0) return invalid("total_k must be >= 0");
+    if (p.cu_seqlens_k == nullptr) return invalid("cu_seqlens_k is NULL");
+    for (int value = 0; value < 2; ++value) {
+      const char* name = value ? "v" : "k";
+      if (fp_status s = check_rows(name, value ? p.v : p.k, p.total_k,
+                                   value ? p.v_stride_token : p.k_stride_token,
+                                   value ? p.v_stride_head : p.k_stride_head, p.num_heads_kv,
+                                   p.head_dim);
+          s != FP_OK)
+        return s;
+    }
+  } else if (p.kv_layout == FP_KV_PAGED) {
+    if (p.page_size < 1) return invalid(format("page_size must be >= 1, got %d", p.page_size));
+    if (p.num_pages < 1) return invalid(format("num_pages must be >= 1, got %d", p.num_pages));
+    if (p.max_pages_per_seq < 1)
+      return invalid(format("max_pages_per_seq must be >= 1, got %d", p.max_pages_per_seq));
+    if (p.page_table == nullptr) return invalid("page_table is NULL");
+    if (p.seqlens_k == nullptr) return invalid("seqlens_k is NULL");
+    for (int value = 0; value < 2; ++value) {
+      const char* name = value ? "v_cache" : "k_cache";
+      const void* data = value ? p.v : p.k;
+      const int64_t sp = value ? p.v_stride_page : p.k_stride_page;
+      const int64_t st = value ? p.v_stride_token : p.k_stride_token;
+      const int64_t sh = value ? p.v_stride_head : p.k_stride_head;
+      if (data == nullptr) return invalid(format("%s is NULL", name));
+      if (sp < 1 || st < 1 || sh < 1)
+        return invalid(format("%s strides must be positive (page %lld, token %lld, head %lld)",
+                              name, (long long)sp, (long long)st, (long long)sh));
+      if (!non_overlapping({{sp, p.num_pages}, {st, p.page_size}, {sh, p.num_heads_kv},
+                            {1, p.head_dim}}))
+        return invalid(format("%s strides (page %lld, token %lld, head %lld) overlap", name,
+                              (long long)sp, (long long)st, (long long)sh));
+    }
+  } else {
+    return invalid(format("unknown kv_layout %d", int(p.kv_layout)));
+  }
+  if (p.device == FP_DEVICE_CUDA) {
+    if (!cuda::available())
+      return fail(FP_ERROR_UNSUPPORTED,
+                  "device is FP_DEVICE_CUDA but this build has no CUDA backend or no sm_90 GPU "
+                  "is present");
+    if (p.dtype == FP_FLOAT32)
+      return fail(FP_ERROR_UNSUPPORTED, "the CUDA path takes bfloat16 or float16, not float32");
+    if (p.head_dim != 64 && p.head_dim != 128)
+      return fail(FP_ERROR_UNSUPPORTED,
+                  format("the CUDA path supports head_dim 64 and 128, got %d", p.head_dim));
+  }
+  info->group = p.num_heads_q / p.num_heads_kv;
+  info->scale = p.softmax_scale > 0.f ? p.softmax_scale : 1.f / std::sqrt(float(p.head_dim));
+  info->max_q_tiles = int32_t(ceil_div(int64_t(info->group) * p.max_seqlen_q, kTileRows));
+  const bool host_metadata =
+      p.device == FP_DEVICE_CPU || (p.flags & FP_FLAG_VALIDATE_DEVICE_METADATA) != 0;
+  if (host_metadata) return load_metadata(p, info);
+  return FP_OK;
+}
+
+fp_status validate_config(const fp_select_config* config, bool need_block_size) {
+  if (config == nullptr) return invalid("config is NULL");
+  const fp_select_config& c = *config;
+  if (need_block_size && (c.block_size < kKvTile || c.block_size % kKvTile != 0))
+    return invalid(format("block_size must be a positive multiple of 64, got %d", c.block_size));
+  if (std::isnan(c.alpha) || c.alpha < 0.f || c.alpha > 1.f)
+    return invalid(format("alpha must lie in [0, 1], got %g", double(c.alpha)));
+  if (c.sink_tokens < 0 || c.window_tokens < 0 || c.dense_recent_tiles < 0)
+    return invalid(format("sink_tokens (%d), window_tokens (%d) and dense_recent_tiles (%d) must "
+                          "be >= 0",
+                          c.sink_tokens, c.window_tokens, c.dense_recent_tiles));
+  if (c.mean_correction != 0 && c.mean_correction != 1)
+    return invalid(format("mean_correction must be 0 or 1, got %d", c.mean_correction));
+  return FP_OK;
+}
+
+fp_index_sizes index_sizes(const ProblemInfo& info, const fp_select_config& config) {
+  const fp_problem& p = *info.p;
+  fp_index_sizes s{};
+  s.max_q_tiles = info.max_q_tiles;
+  s.num_segments = int64_t(p.batch_size) * p.num_heads_kv * info.max_q_tiles;
+  s.max_blocks = int32_t(ceil_div(p.max_seqlen_k, config.block_size));
+  const int64_t tiles_bound =
+      std::min<int64_t>(ceil_div(int64_t(info.group) * p.total_q, kTileRows) + p.batch_size,
+                        s.num_segments / p.num_heads_kv);
+  s.idx_capacity = int64_t(p.num_heads_kv) * tiles_bound * ceil_div(p.max_seqlen_k, kKvTile);
+  s.mean_elements = int64_t(p.batch_size) * p.num_heads_kv * s.max_blocks * p.head_dim;
+  return s;
+}
+
+fp_status validate_index_buffers(const ProblemInfo& info, const fp_select_config& config,
+                                 const fp_index* index, bool for_attention) {
+  if (index == nullptr) return invalid("index is NULL");
+  const fp_index_sizes s = index_sizes(info, config);
+  if (s.idx_capacity >= (int64_t(1) << 31))
+    return fail(FP_ERROR_UNSUPPORTED,
+                format("the index would need %lld entries, more than int32 offsets address",
+                       (long long)s.idx_capacity));
+  if (index->cu == nullptr) return invalid("index->cu is NULL");
+  if (index->idx == nullptr && s.idx_capacity > 0) return invalid("index->idx is NULL");
+  if (!for_attention && index->idx_capacity < s.idx_capacity)
+    return invalid(format("index->idx_capacity is %lld but the problem needs %lld",
+                          (long long)index->idx_capacity, (long long)s.idx_capacity));
+  const bool need_means = !for_attention || config.mean_correction;
+  if (need_means && index->k_mean == nullptr && s.mean_elements > 0)
+    return invalid("index->k_mean is NULL");
+  if (config.mean_correction && index->v_mean == nullptr && s.mean_elements > 0)
+    return invalid("index->v_mean is NULL but mean_correction is on");
+  return FP_OK;
+}
+
+fp_status validate_output(const ProblemInfo& info, const fp_output* output) {
+  if (output == nullptr) return invalid("output is NULL");
+  const fp_problem& p = *info.p;
+  return check_rows("out", output->out, p.total_q, output->out_stride_token,
+                    output->out_stride_head, p.num_heads_q, p.head_dim);
+}
+
+}  // namespace flashprefill

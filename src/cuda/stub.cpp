@@ -1,0 +1,24 @@
+// The CUDA backend of a build without CUDA: every entry reports that clearly.
+#include "cuda/backend.hpp"
+
+namespace flashprefill::cuda {
+namespace {
+fp_status no_cuda() {
+  return fail(FP_ERROR_UNSUPPORTED, "this build of flashprefill has no CUDA backend");
+}
+}  // namespace
+
+bool available() { return false; }
+fp_status copy_to_host(void*, const void*, size_t, void*) { return no_cuda(); }
+size_t build_index_workspace(const ProblemInfo&, const fp_select_config&) { return 0; }
+fp_status build_index(const ProblemInfo&, const fp_select_config&, const fp_index&, void*, size_t) {
+  return no_cuda();
+}
+size_t attention_workspace(const ProblemInfo&, const fp_select_config&, bool) { return 0; }
+fp_status sparse_attention(const ProblemInfo&, const fp_select_config&, const fp_index&,
+                           const fp_output&, void*, size_t) {
+  return no_cuda();
+}
+fp_status dense_attention(const ProblemInfo&, const fp_output&, void*, size_t) { return no_cuda(); }
+
+}  // namespace flashprefill::cuda
