@@ -121,14 +121,15 @@ def require_same_place(a, b):
                          f"array of one call must live in the same place")
 
 
-def require(a, dtype, name, shape=None):
-    """Checks that an array the caller passed has the dtype (numpy name), shape and contiguity."""
+def require(a, dtype, shape=None):
+    """Checks that a buffer the caller passed has the dtype (numpy name), shape and contiguity
+    the library will assume."""
     if str(a.dtype).replace("torch.", "") != dtype:
-        raise ValueError(f"{name}: expected dtype {dtype}, got {a.dtype}")
+        raise ValueError(f"{a.name}: expected dtype {dtype}, got {a.dtype}")
     if shape is not None and a.shape != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {a.shape}")
+        raise ValueError(f"{a.name}: expected shape {tuple(shape)}, got {a.shape}")
     if not a.is_contiguous():
-        raise ValueError(f"{name}: must be contiguous, got strides {a.strides} in elements")
+        raise ValueError(f"{a.name}: must be contiguous, got strides {a.strides} in elements")
 
 
 def empty(like, shape, dtype=None):
@@ -142,26 +143,22 @@ def empty(like, shape, dtype=None):
 
 
 def int32_metadata(value, like, name):
-    """Length metadata as a contiguous int32 1-D or 2-D Array in like's place, plus a host numpy
-    copy when one is at hand without a device synchronization (else None)."""
+    """Integer metadata (lengths, a page table) as a contiguous int32 Array in like's place,
+    plus a host numpy copy when one is at hand without a device synchronization (else None)."""
     if is_torch(value):
         if value.is_floating_point() or value.is_complex():
             raise TypeError(f"{name}: expected integers, got {value.dtype}")
-        host = None if value.device.type == "cuda" else value.numpy().astype(np.int32)
-        torch = _torch()
-        if like.device is None:
-            converted = value.cpu().numpy().astype(np.int32)
-        else:
-            converted = value.to(device=like.device, dtype=torch.int32).contiguous()
-    else:
-        host = np.asarray(value)
-        if host.dtype.kind not in "iu":
-            raise TypeError(f"{name}: expected integers, got dtype {host.dtype}")
-        host = np.ascontiguousarray(host, dtype=np.int32)
-        if like.device is None:
-            converted = host
-        else:
-            converted = _torch().from_numpy(host).to(like.device)
+        if like.device is not None:
+            host = (None if value.device.type == "cuda"
+                    else np.ascontiguousarray(value.numpy(), dtype=np.int32))
+            converted = value.to(device=like.device, dtype=_torch().int32).contiguous()
+            return Array(converted, name), host
+        value = value.cpu().numpy()
+    host = np.asarray(value)
+    if host.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got dtype {host.dtype}")
+    host = np.ascontiguousarray(host, dtype=np.int32)
+    converted = host if like.device is None else _torch().from_numpy(host).to(like.device)
     return Array(converted, name), host
 
 

@@ -121,7 +121,7 @@ class Index:
                              "index returned by build_index() has it")
         density = ctypes.c_double()
         c_config = self.config.to_c()
-        c_index, _ = index_struct(self, self._problem)
+        c_index = index_struct(self, self._problem)
         with self._problem.guard():
             _lib.call("fp_index_density", ctypes.byref(self._problem.c), ctypes.byref(c_config),
                       ctypes.byref(c_index), ctypes.byref(density))
@@ -129,7 +129,7 @@ class Index:
 
 
 def index_struct(index, problem):
-    """The fp_index of `index` for a BuiltProblem, and the Arrays it points into.
+    """The fp_index of `index` (whose arrays it points into) for a BuiltProblem.
 
     Checks what the library cannot: the buffers' dtypes, contiguity, place and sizes.
     """
@@ -137,20 +137,20 @@ def index_struct(index, problem):
     c = problem.c
     means_shape = (c.batch_size, c.num_heads_kv, sizes.max_blocks, c.head_dim)
     cu = _arrays.Array(index.cu, "index.cu")
-    _arrays.require(cu, "int32", "index.cu", (sizes.num_segments + 1,))
+    _arrays.require(cu, "int32", (sizes.num_segments + 1,))
     idx = _arrays.Array(index.idx, "index.idx")
     if len(idx.shape) != 1:
         raise ValueError(f"index.idx: expected shape [idx_capacity], got {idx.shape}")
-    _arrays.require(idx, "int32", "index.idx")
+    _arrays.require(idx, "int32")
     k_mean = _arrays.Array(index.k_mean, "index.k_mean")
-    _arrays.require(k_mean, "float32", "index.k_mean", means_shape)
+    _arrays.require(k_mean, "float32", means_shape)
     arrays = [cu, idx, k_mean]
     v_mean = None
     if index.v_mean is not None:
         v_mean = _arrays.Array(index.v_mean, "index.v_mean")
-        _arrays.require(v_mean, "float32", "index.v_mean", means_shape)
+        _arrays.require(v_mean, "float32", means_shape)
         arrays.append(v_mean)
     for a in arrays:
         _arrays.require_same_place(problem.q, a)
     return _lib.Index(cu.ptr, idx.ptr, k_mean.ptr, None if v_mean is None else v_mean.ptr,
-                      idx.shape[0]), arrays
+                      idx.shape[0])

@@ -82,7 +82,7 @@ def _build_index(problem, config):
                   v_mean=_arrays.empty(q, means_shape, "float32") if config.mean_correction
                   else None,
                   config=config)
-    c_index, _ = index_struct(index, problem)
+    c_index = index_struct(index, problem)
     c_config = config.to_c()
     workspace = _workspace(problem, "fp_build_index_workspace_size", ctypes.byref(c_config))
     with problem.guard():
@@ -93,7 +93,7 @@ def _build_index(problem, config):
 
 
 def _sparse_attention(problem, index, out, return_lse):
-    c_index, _ = index_struct(index, problem)
+    c_index = index_struct(index, problem)
     c_config = index.config.to_c()
     outputs = _Outputs(problem, out, return_lse)
     workspace = _workspace(problem, "fp_sparse_attention_workspace_size", ctypes.byref(c_config))

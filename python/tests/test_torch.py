@@ -33,6 +33,27 @@ def test_cpu_tensors_match_numpy(rng):
     assert stats == expected_stats
 
 
+def test_cpu_index_and_paged_kv(rng):
+    arrays = structured_qkv(rng, 512, 512, 4, 2, 32)
+    config = fp.SelectConfig(alpha=0.3, sink_tokens=0, window_tokens=64)
+    expected_index = fp.build_index(*arrays, config)
+    expected = fp.sparse_attention(*arrays, index=expected_index)
+    q, k, v = to_torch(arrays)
+    index = fp.build_index(q, k, v, config)
+    assert isinstance(index.cu, torch.Tensor) and index.cu.dtype == torch.int32
+    np.testing.assert_array_equal(index.cu.numpy(), expected_index.cu)
+    assert index.segment(0, 1, 3).tolist() == expected_index.segment(0, 1, 3).tolist()
+    assert index.density() == expected_index.density()
+    np.testing.assert_array_equal(fp.sparse_attention(q, k, v, index).numpy(), expected)
+    table = torch.randperm(16, dtype=torch.int32)[None]
+    k_cache = torch.empty(16, 32, 2, 32)
+    v_cache = torch.empty(16, 32, 2, 32)
+    k_cache[table[0].long()] = k.reshape(16, 32, 2, 32)
+    v_cache[table[0].long()] = v.reshape(16, 32, 2, 32)
+    paged = fp.PagedKV(k_cache, v_cache, table, torch.tensor([512]))
+    np.testing.assert_array_equal(fp.sparse_attention(q, paged, index=index).numpy(), expected)
+
+
 def test_cpu_bfloat16(rng):
     arrays = random_qkv(rng, 256, 384, 4, 2, 64)
     q, k, v = to_torch(arrays, dtype=torch.bfloat16)
