@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <cutlass/numeric_types.h>
@@ -31,6 +32,16 @@ int sm_count() {
     return n;
   }();
   return count;
+}
+
+// FLASHPREFILL_ATTENTION_SPLITS=n overrides the heuristic (checks and benchmarks compare
+// split and unsplit runs); it is read at each call, for the workspace query and the launch alike.
+int32_t num_splits(const ProblemInfo& info) {
+  if (const char* forced = std::getenv("FLASHPREFILL_ATTENTION_SPLITS")) {
+    const int n = std::atoi(forced);
+    if (n >= 1) return n < attention::kMaxSplits ? n : attention::kMaxSplits;
+  }
+  return attention::choose_splits(info, sm_count());
 }
 
 struct PartialBytes {
@@ -105,7 +116,7 @@ AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
 
 fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace) {
   const fp_problem& p = *info.p;
-  a.num_splits = attention::choose_splits(info, sm_count());
+  a.num_splits = num_splits(info);
   if (a.num_splits > 1) {
     const PartialBytes bytes = partial_bytes(info, a.num_splits);
     a.o_partial = static_cast<float*>(workspace);
@@ -133,7 +144,7 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace) {
 }  // namespace
 
 size_t attention_workspace(const ProblemInfo& info, const fp_select_config&, bool) {
-  const PartialBytes bytes = partial_bytes(info, attention::choose_splits(info, sm_count()));
+  const PartialBytes bytes = partial_bytes(info, num_splits(info));
   return bytes.o + bytes.lse;
 }
 

@@ -1,8 +1,8 @@
 // Tile shapes, wgmma atoms and shared-memory layouts of the attention kernel.
 //
 // One CTA = one producer warpgroup + two consumer warpgroups. A query tile is FP_TILE_ROWS = 128
-// PackGQA rows (64 per consumer warpgroup) and one pipeline stage holds one 64-token KV tile, so
-// a stage is exactly one CSR entry (docs/ALGORITHM.md).
+// PackGQA rows (64 per consumer warpgroup). One pipeline stage holds two 64-token KV tiles, i.e.
+// two CSR entries that need not be adjacent, so every wgmma is 128 keys wide.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -20,8 +20,9 @@ struct KernelTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kTileRows;   // PackGQA rows per query tile
-  static constexpr int kBlockN = kKvTile;     // keys per KV tile
-  static constexpr int kStages = kHeadDim == 128 ? 4 : 6;
+  static constexpr int kTilesPerStage = 2;
+  static constexpr int kBlockN = kTilesPerStage * kKvTile;  // keys per stage
+  static constexpr int kStages = kHeadDim == 128 ? 3 : 5;
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = 256;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
@@ -64,12 +65,13 @@ struct KernelTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
     float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| or -inf (Eq. 6)
     int32_t stage_kind[kStages];
-    int32_t stage_tile[kStages];          // exact: tile id; window: first block id
+    int32_t stage_tile[kStages][kTilesPerStage];  // exact: tile ids (-1: empty half)
     alignas(8) uint64_t q_loaded;
     uint64_t kv_loaded[kStages];
     uint64_t kv_consumed[kStages];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 limit");
 };
 
 }  // namespace flashprefill::cuda::attention

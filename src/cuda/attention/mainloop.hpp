@@ -74,63 +74,60 @@ struct Mainloop {
 
     loader.load_q(sQ);
     cp_async_commit();
-    cp_async_wait<0>();
-    cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma reads
-    barrier(ss.q_loaded).arrive();
 
     StageCursor<kStages> cur;
     int pending = -1;  // the stage whose copies are still in flight
-    auto open_stage = [&](int32_t kind, int32_t tile) {
+    auto open_stage = [&](int32_t kind, int32_t tile0, int32_t tile1) {
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
       if (thread == 0) {
         ss.stage_kind[cur.index] = kind;
-        ss.stage_tile[cur.index] = tile;
+        ss.stage_tile[cur.index][0] = tile0;
+        ss.stage_tile[cur.index][1] = tile1;
       }
     };
+    // Publishes the previous stage once its copies (and this thread's Q copies) have landed.
     auto close_stage = [&]() {
       cp_async_commit();
-      if (pending >= 0) {
-        cp_async_wait<1>();
-        cutlass::arch::fence_view_async_shared();
-        barrier(ss.kv_loaded[pending]).arrive();
-      }
+      cp_async_wait<1>();
+      cutlass::arch::fence_view_async_shared();  // cp.async and st.shared -> wgmma reads
+      barrier(pending < 0 ? ss.q_loaded : ss.kv_loaded[pending]).arrive();
       pending = cur.index;
       cur.advance();
     };
 
     const BlockGeometry blocks{p.block_size, w.seq.len_kv};
-    // The next exact tile id is read one iteration ahead of its use.
-    auto fetch = [&](int32_t i) {
-      return (i < trav.last && trav.is_exact(i)) ? trav.exact_tile(p, i) : -1;
-    };
-    int32_t next_tile = fetch(trav.first);
-    for (int32_t i = trav.first; i < trav.last; ++i) {
-      const int32_t tile = next_tile;
-      next_tile = fetch(i + 1);
+    int32_t i = trav.first;
+    while (i < trav.last) {
       if (trav.is_exact(i)) {
-        if (tile < 0) continue;
-        open_stage(Traits::kExactTile, tile);
-        loader.load_kv_tile(sK, sVt, tile, cur.index);
+        // Two listed tiles per stage, read before waiting for the stage to drain (Eq. 17).
+        const int32_t t0 = trav.next_exact(p, i);
+        if (t0 < 0) continue;
+        const int32_t t1 = trav.next_exact(p, i);
+        open_stage(Traits::kExactTile, t0, t1);
+        loader.load_kv_tile(sK, sVt, t0, 0, cur.index);
+        loader.load_kv_tile(sK, sVt, t1, 1, cur.index);
       } else {
-        const int32_t first_block = trav.window_first_block(i);
-        open_stage(Traits::kMeanWindow, first_block);
+        const int32_t first_block = trav.window_first_block(i++);
+        open_stage(Traits::kMeanWindow, first_block, -1);
         loader.load_mean_window(sK, sVt, first_block, trav.visible_blocks, cur.index);
-        if (thread < Traits::kBlockN) {
-          const int32_t j = first_block + thread;
+        for (int c = thread; c < Traits::kBlockN; c += Traits::kProducerThreads) {
+          const int32_t j = first_block + c;
           const bool surrogate = j < trav.visible_blocks && block_unlisted(p, trav, blocks, j);
-          ss.column_bias[cur.index][thread] =
+          ss.column_bias[cur.index][c] =
               surrogate ? log2f(float(blocks.count(j))) : -INFINITY;  // Eq. 6: log |B_J|
         }
       }
       close_stage();
     }
-    open_stage(Traits::kEnd, 0);
+    open_stage(Traits::kEnd, -1, -1);
     close_stage();
     cp_async_wait<0>();
     cutlass::arch::fence_view_async_shared();
     barrier(ss.kv_loaded[pending]).arrive();
   }
 
+  // Intra-warpgroup overlap (Eq. 14): while the softmax of stage n runs on the CUDA cores, the
+  // tensor cores finish P_{n-1} V_{n-1}; S_n = Q K_n is issued before both.
   __device__ static void consume(const AttentionParams& p, const WorkTile& w, Storage& ss) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
@@ -169,30 +166,53 @@ struct Mainloop {
       pos[m] = w.seq.position(w.seq.tile_row_begin(w.tile) + get<0>(s_coord(m, 0)));
     const int32_t pmin = w.seq.pmin(w.tile);
 
-    clear(tOrO);
-    OnlineSoftmax softmax;
-    barrier(ss.q_loaded).wait(0);
-    StageCursor<kStages> cur;
-    for (;;) {
-      barrier(ss.kv_loaded[cur.index]).wait(cur.phase);
-      const int32_t kind = ss.stage_kind[cur.index];
-      if (kind == Traits::kEnd) break;
-      const int32_t tile = ss.stage_tile[cur.index];
-      wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
-      warpgroup_wait<0>();
+    // S -> logits for the stage's kind: mask exact tiles, shift mean windows.
+    auto to_logits = [&](int stage, int32_t kind) {
       if (kind == Traits::kExactTile) {
-        const bool need_mask = tile * kKvTile + kKvTile - 1 > pmin;
-        scale_and_mask_exact(s, s_coord, tile, pos, p.scale_log2, need_mask);
+        const int32_t tiles[2] = {ss.stage_tile[stage][0], ss.stage_tile[stage][1]};
+        scale_and_mask_exact(s, s_coord, tiles, pos, p.scale_log2, stage_needs_mask(tiles, pmin));
       } else {
-        scale_and_shift_means(s, s_coord, ss.column_bias[cur.index], p.scale_log2);
+        scale_and_shift_means(s, s_coord, ss.column_bias[stage], p.scale_log2);
       }
-      softmax.update(s, o);
+    };
+    auto to_p = [&]() {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) rP(i) = Element(tSrS(i));
-      wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, cur.index), tOrO);
+    };
+
+    clear(tOrO);
+    OnlineSoftmax softmax;
+    float factors[2];
+    barrier(ss.q_loaded).wait(0);
+    StageCursor<kStages> cur;
+    barrier(ss.kv_loaded[cur.index]).wait(cur.phase);
+    int32_t kind = ss.stage_kind[cur.index];
+    if (kind != Traits::kEnd) {
+      wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
       warpgroup_wait<0>();
-      barrier(ss.kv_consumed[cur.index]).arrive();
-      cur.advance();
+      to_logits(cur.index, kind);
+      softmax.update(s, factors);
+      to_p();
+      int prev = cur.index;
+      for (;;) {
+        cur.advance();
+        barrier(ss.kv_loaded[cur.index]).wait(cur.phase);
+        kind = ss.stage_kind[cur.index];
+        if (kind == Traits::kEnd) break;
+        wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
+        wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
+        warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
+        to_logits(cur.index, kind);
+        softmax.update(s, factors);
+        warpgroup_wait<0>();
+        barrier(ss.kv_consumed[prev]).arrive();
+        OnlineSoftmax::rescale(o, factors);
+        to_p();
+        prev = cur.index;
+      }
+      wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
+      warpgroup_wait<0>();
+      barrier(ss.kv_consumed[prev]).arrive();
     }
     float lse[2];
     softmax.finalize(o, lse);

@@ -57,15 +57,17 @@ struct TileLoader {
     }
   }
 
-  // KV tile t: keys [64 t, 64 t + 64) of the request into stage `stage`.
+  // KV tile t: keys [64 t, 64 t + 64) of the request into rows [64 half, 64 half + 64) of stage
+  // `stage`; t < 0 zero-fills them.
   template <class SmemK, class SmemVt>
-  __device__ void load_kv_tile(SmemK& sK, SmemVt& sVt, int32_t t, int stage) const {
+  __device__ void load_kv_tile(SmemK& sK, SmemVt& sVt, int32_t t, int half, int stage) const {
     const Element* k = static_cast<const Element*>(p.k);
     const Element* v = static_cast<const Element*>(p.v);
-    for (int c = thread; c < Traits::kBlockN * kChunksPerRow; c += kThreads) {
-      const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
-      const int32_t j = t * kKvTile + row;
-      const bool valid = j < w.seq.len_kv;
+    for (int c = thread; c < kKvTile * kChunksPerRow; c += kThreads) {
+      const int tile_row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
+      const int row = half * kKvTile + tile_row;
+      const int32_t j = t * kKvTile + tile_row;
+      const bool valid = t >= 0 && j < w.seq.len_kv;
       const Element* k_src = k;
       const Element* v_src = v;
       if (valid) {

@@ -34,9 +34,10 @@ struct OnlineSoftmax {
   float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain
   float row_sum[2] = {0.f, 0.f};              // this thread's columns only until finalize
 
-  // Logits s (row, col) -> probabilities; rescales the output rows o to the new maximum.
-  template <class Scores, class Out>
-  __device__ __forceinline__ void update(Scores& s, Out& o) {
+  // Logits s (row, col) -> probabilities; returns the factor by which each output row must be
+  // rescaled to the new maximum (applied by rescale once the previous P V has landed).
+  template <class Scores>
+  __device__ __forceinline__ void update(Scores& s, float (&factors)[2]) {
     using cute::size;
     CUTE_UNROLL
     for (int m = 0; m < 2; ++m) {
@@ -54,8 +55,17 @@ struct OnlineSoftmax {
         sum += s(m, n);
       }
       row_sum[m] = row_sum[m] * factor + sum;
+      factors[m] = factor;
+    }
+  }
+
+  template <class Out>
+  __device__ __forceinline__ static void rescale(Out& o, const float (&factors)[2]) {
+    using cute::size;
+    CUTE_UNROLL
+    for (int m = 0; m < 2; ++m) {
       CUTE_UNROLL
-      for (int n = 0; n < size<1>(o); ++n) o(m, n) *= factor;
+      for (int n = 0; n < size<1>(o); ++n) o(m, n) *= factors[m];
     }
   }
 

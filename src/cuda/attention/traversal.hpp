@@ -11,8 +11,8 @@
 
 namespace flashprefill::cuda::attention {
 
-// Each correction iteration covers this many consecutive candidate blocks, one per KV column.
-inline constexpr int kWindowBlocks = kKvTile;
+// Each correction iteration covers this many consecutive candidate blocks, one per stage column.
+inline constexpr int kWindowBlocks = 2 * kKvTile;
 
 struct Traversal {
   int64_t csr_end = 0;        // sparse: one past the segment's last CSR entry
@@ -48,6 +48,15 @@ struct Traversal {
   }
 
   __device__ bool is_exact(int32_t i) const { return i < num_exact; }
+
+  // The next reachable exact tile at or after iteration i (advancing i past it), or -1.
+  __device__ int32_t next_exact(const AttentionParams& p, int32_t& i) const {
+    while (i < last && is_exact(i)) {
+      const int32_t t = exact_tile(p, i++);
+      if (t >= 0) return t;
+    }
+    return -1;
+  }
 
   // Exact iteration i: the tile id, or -1 when a foreign index lists an unreachable tile.
   __device__ int32_t exact_tile(const AttentionParams& p, int32_t i) const {

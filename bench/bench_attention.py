@@ -1,0 +1,450 @@
+"""Attention-operator benchmark: the flashprefill CUDA kernel against torch baselines.
+
+B = 1, Hq = 32, Hkv = 8, D = 128, causal, bf16 unless stated. Our kernel is called through the
+C ABI with plain ctypes (torch tensors' data_ptr() and the current stream). Baselines run in the
+same process on the same inputs: SDPA with the cuDNN backend (FA3-class) and the FLASH backend
+(FA2), K/V expanded to 32 heads outside the timed region, and FlexAttention (torch.compile) on the
+same block mask. Every time is the median of CUDA-event-timed runs after warm-up. TFLOP/s counts
+causal FLOPs, 4 * Hq * D * (causal query-key pairs).
+
+Rows:
+  dense   L in --dense-lengths: our dense mode vs cuDNN / FLASH.
+  sparse  fixed block density rho on a random 128x128 block mask (diagonal forced), L = --sparse-length:
+          ours with and without mean correction vs FlexAttention on the same mask, and the
+          1.15 * rho * dense-time goal.
+  prefill the demo's structured workload (sinks, local band, vertical columns, needles, torch RNG):
+          fp_build_index + fp_sparse_attention (default config) vs FLASH and cuDNN dense.
+  batch   B = 4 at 32K, dense; a mixed batch with cached prefixes, dense and sparse.
+
+Usage: python3 bench/bench_attention.py [--lib build/libflashprefill.so] [--json out.json]
+"""
+
+import argparse
+import ctypes
+import json
+import math
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+FP_CUDA, FP_BF16, FP_CONTIGUOUS = 1, 1, 0
+HQ, HKV, D = 32, 8, 128
+G = HQ // HKV
+
+
+class Problem(ctypes.Structure):
+    _fields_ = [
+        ("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("flags", ctypes.c_uint32),
+        ("dtype", ctypes.c_int), ("batch_size", ctypes.c_int32),
+        ("num_heads_q", ctypes.c_int32), ("num_heads_kv", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
+        ("q", ctypes.c_void_p), ("q_stride_token", ctypes.c_int64),
+        ("q_stride_head", ctypes.c_int64), ("total_q", ctypes.c_int64),
+        ("cu_seqlens_q", ctypes.c_void_p), ("max_seqlen_q", ctypes.c_int32),
+        ("kv_layout", ctypes.c_int), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("k_stride_page", ctypes.c_int64), ("k_stride_token", ctypes.c_int64),
+        ("k_stride_head", ctypes.c_int64), ("v_stride_page", ctypes.c_int64),
+        ("v_stride_token", ctypes.c_int64), ("v_stride_head", ctypes.c_int64),
+        ("max_seqlen_k", ctypes.c_int32), ("total_k", ctypes.c_int64),
+        ("cu_seqlens_k", ctypes.c_void_p), ("num_pages", ctypes.c_int32),
+        ("page_size", ctypes.c_int32), ("page_table", ctypes.c_void_p),
+        ("max_pages_per_seq", ctypes.c_int32), ("seqlens_k", ctypes.c_void_p),
+    ]
+
+
+class SelectConfig(ctypes.Structure):
+    _fields_ = [("block_size", ctypes.c_int32), ("alpha", ctypes.c_float),
+                ("sink_tokens", ctypes.c_int32), ("window_tokens", ctypes.c_int32),
+                ("dense_recent_tiles", ctypes.c_int32), ("mean_correction", ctypes.c_int32)]
+
+
+class Index(ctypes.Structure):
+    _fields_ = [("cu", ctypes.c_void_p), ("idx", ctypes.c_void_p), ("k_mean", ctypes.c_void_p),
+                ("v_mean", ctypes.c_void_p), ("idx_capacity", ctypes.c_int64)]
+
+
+class IndexSizes(ctypes.Structure):
+    _fields_ = [("num_segments", ctypes.c_int64), ("max_q_tiles", ctypes.c_int32),
+                ("max_blocks", ctypes.c_int32), ("idx_capacity", ctypes.c_int64),
+                ("mean_elements", ctypes.c_int64)]
+
+
+class Output(ctypes.Structure):
+    _fields_ = [("out", ctypes.c_void_p), ("out_stride_token", ctypes.c_int64),
+                ("out_stride_head", ctypes.c_int64), ("lse", ctypes.c_void_p)]
+
+
+class Lib:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.fp_last_error_message.restype = ctypes.c_char_p
+        self.lib.fp_select_config_default.restype = None
+
+    def check(self, status):
+        if status != 0:
+            raise RuntimeError(self.lib.fp_last_error_message().decode())
+
+    def size(self, fn, *args):
+        n = ctypes.c_size_t()
+        self.check(fn(*args, ctypes.byref(n)))
+        return n.value
+
+    def config(self, alpha=0.1, correction=1):
+        c = SelectConfig()
+        self.lib.fp_select_config_default(ctypes.byref(c))
+        c.alpha, c.mean_correction = alpha, correction
+        return c
+
+
+class Batch:
+    """A contiguous varlen batch: q [total_q, HQ, D], k/v [total_k, HKV, D], bf16 on the GPU."""
+
+    def __init__(self, len_q, len_kv, q=None, k=None, v=None):
+        dev = "cuda"
+        self.len_q, self.len_kv = list(len_q), list(len_kv)
+        self.q = q if q is not None else torch.randn(sum(len_q), HQ, D, device=dev, dtype=torch.bfloat16)
+        self.k = k if k is not None else torch.randn(sum(len_kv), HKV, D, device=dev, dtype=torch.bfloat16)
+        self.v = v if v is not None else torch.randn(sum(len_kv), HKV, D, device=dev, dtype=torch.bfloat16)
+        to_cu = lambda ls: torch.tensor([0] + list(torch.tensor(ls).cumsum(0).tolist()),
+                                        dtype=torch.int32, device=dev)
+        self.cu_q, self.cu_k = to_cu(len_q), to_cu(len_kv)
+        self.out = torch.empty_like(self.q)
+        p = Problem()
+        p.device, p.dtype, p.batch_size = FP_CUDA, FP_BF16, len(len_q)
+        p.num_heads_q, p.num_heads_kv, p.head_dim = HQ, HKV, D
+        p.q, p.q_stride_token, p.q_stride_head = self.q.data_ptr(), HQ * D, D
+        p.total_q, p.cu_seqlens_q, p.max_seqlen_q = self.q.shape[0], self.cu_q.data_ptr(), max(len_q)
+        p.kv_layout, p.k, p.v = FP_CONTIGUOUS, self.k.data_ptr(), self.v.data_ptr()
+        p.k_stride_token = p.v_stride_token = HKV * D
+        p.k_stride_head = p.v_stride_head = D
+        p.max_seqlen_k, p.total_k, p.cu_seqlens_k = max(len_kv), self.k.shape[0], self.cu_k.data_ptr()
+        self.problem = p
+        o = Output()
+        o.out, o.out_stride_token, o.out_stride_head = self.out.data_ptr(), HQ * D, D
+        self.output = o
+
+    def causal_pairs(self):
+        return sum(lq * lk - lq * (lq - 1) // 2 for lq, lk in zip(self.len_q, self.len_kv))
+
+    def bind_stream(self):
+        self.problem.stream = torch.cuda.current_stream().cuda_stream
+
+
+def bench(fn, warmup=3, reps=15):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def tflops(batch, ms):
+    return 4.0 * HQ * D * batch.causal_pairs() / (ms * 1e-3) / 1e12
+
+
+class Ours:
+    def __init__(self, lib, batch):
+        self.lib, self.b = lib, batch
+        batch.bind_stream()
+        self.ws_dense = self._alloc(lib.size(lib.lib.fp_dense_attention_workspace_size,
+                                             ctypes.byref(batch.problem)))
+
+    @staticmethod
+    def _alloc(n):
+        return torch.empty(max(n, 1), dtype=torch.uint8, device="cuda")
+
+    def dense(self):
+        self.lib.check(self.lib.lib.fp_dense_attention(
+            ctypes.byref(self.b.problem), ctypes.byref(self.b.output),
+            ctypes.c_void_p(self.ws_dense.data_ptr()), ctypes.c_size_t(self.ws_dense.numel())))
+
+    def sizes(self, config):
+        s = IndexSizes()
+        self.lib.check(self.lib.lib.fp_index_sizes_query(ctypes.byref(self.b.problem),
+                                                         ctypes.byref(config), ctypes.byref(s)))
+        return s
+
+    def prepare_sparse(self, config, cu, idx, k_mean, v_mean):
+        self.config = config
+        self.keep = (cu, idx, k_mean, v_mean)
+        self.index = Index(cu.data_ptr(), idx.data_ptr(), k_mean.data_ptr(), v_mean.data_ptr(), idx.numel())
+        self.ws_sparse = self._alloc(self.lib.size(self.lib.lib.fp_sparse_attention_workspace_size,
+                                                   ctypes.byref(self.b.problem), ctypes.byref(config)))
+
+    def sparse(self):
+        self.lib.check(self.lib.lib.fp_sparse_attention(
+            ctypes.byref(self.b.problem), ctypes.byref(self.config), ctypes.byref(self.index),
+            ctypes.byref(self.b.output), ctypes.c_void_p(self.ws_sparse.data_ptr()),
+            ctypes.c_size_t(self.ws_sparse.numel())))
+
+    def build_index(self, config):
+        s = self.sizes(config)
+        cu = torch.zeros(s.num_segments + 1, dtype=torch.int32, device="cuda")
+        idx = torch.zeros(max(s.idx_capacity, 1), dtype=torch.int32, device="cuda")
+        km = torch.zeros(max(s.mean_elements, 1), dtype=torch.float32, device="cuda")
+        vm = torch.zeros_like(km)
+        self.prepare_sparse(config, cu, idx, km, vm)
+        ws = self._alloc(self.lib.size(self.lib.lib.fp_build_index_workspace_size,
+                                       ctypes.byref(self.b.problem), ctypes.byref(config)))
+
+        def run():
+            self.lib.check(self.lib.lib.fp_build_index(
+                ctypes.byref(self.b.problem), ctypes.byref(config), ctypes.byref(self.index),
+                ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel())))
+        return run
+
+    def density(self):
+        d = ctypes.c_double()
+        self.lib.check(self.lib.lib.fp_index_density(ctypes.byref(self.b.problem), ctypes.byref(self.config),
+                                                     ctypes.byref(self.index), ctypes.byref(d)))
+        return d.value
+
+
+def block_means(batch, bs, max_blocks):
+    """[B, HKV, max_blocks, D] float32 pooled means of k and v (Eq. 5), single request."""
+    L = batch.len_kv[0]
+    n = math.ceil(L / bs)
+    pad = n * bs - L
+    out = []
+    for t in (batch.k, batch.v):
+        x = F.pad(t.float(), (0, 0, 0, 0, 0, pad)).view(n, bs, HKV, D).sum(1)
+        counts = torch.full((n,), float(bs), device="cuda")
+        counts[-1] = bs - pad
+        x = (x / counts[:, None, None]).permute(1, 0, 2)
+        m = torch.zeros(1, HKV, max_blocks, D, device="cuda")
+        m[0, :, :n] = x
+        out.append(m.contiguous())
+    return out
+
+
+def csr_from_block_mask(mask, L, max_q_tiles):
+    """mask [HKV, nqb, nkb] over 128x128 blocks -> per-(KV head, PackGQA tile) CSR of 64-token tiles."""
+    tiles = torch.arange(max_q_tiles, device="cuda")
+    rows = torch.clamp((tiles + 1) * 128, max=G * L) - 1
+    pmax = rows // G
+    pmin = tiles * 128 // G
+    qb = pmin // 128
+    assert bool(((pmax // 128) == qb).all()), "a PackGQA tile must sit inside one 128-query block"
+    n_kv_tiles = math.ceil(L / 64)
+    t = torch.arange(n_kv_tiles, device="cuda")
+    causal = t[None, :] < (pmax // 64 + 1)[:, None]                     # [tiles, t]
+    sel = mask[:, qb][:, :, t // 2] & causal[None]                      # [HKV, tiles, t]
+    counts = sel.sum(-1).flatten()
+    cu = torch.zeros(counts.numel() + 1, dtype=torch.int32, device="cuda")
+    cu[1:] = counts.cumsum(0)
+    idx = sel.flatten(0, 1).nonzero()[:, 1].to(torch.int32).contiguous()
+    return cu, idx, sel.sum().item() / (causal.sum().item() * HKV)
+
+
+def random_block_mask(L, rho, gen):
+    n = math.ceil(L / 128)
+    m = torch.rand(HKV, n, n, device="cuda", generator=gen) < rho
+    m |= torch.eye(n, dtype=torch.bool, device="cuda")[None]
+    return m & torch.tril(torch.ones(n, n, dtype=torch.bool, device="cuda"))[None]
+
+
+def sdpa(batch, backend):
+    q = batch.q.view(1, -1, HQ, D).transpose(1, 2)
+    k = batch.k.view(1, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
+    v = batch.v.view(1, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
+
+    def run():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return run
+
+
+def flex(batch, mask):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    L = batch.len_q[0]
+    q = batch.q.view(1, -1, HQ, D).transpose(1, 2)
+    k = batch.k.view(1, -1, HKV, D).transpose(1, 2)
+    v = batch.v.view(1, -1, HKV, D).transpose(1, 2)
+
+    def mask_mod(b, h, qi, ki):
+        return mask[h // G, qi // 128, ki // 128] & (qi >= ki)
+    bm = create_block_mask(mask_mod, 1, HQ, L, L, device="cuda", BLOCK_SIZE=128, _compile=True)
+    fn = torch.compile(flex_attention, dynamic=False)
+    return lambda: fn(q, k, v, block_mask=bm, enable_gqa=True)
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def structured_workload(L, gen):
+    """The demo workload's structure (cli/workload.cpp) generated with torch's RNG."""
+    q = 0.35 * torch.randn(L, HQ, D, device="cuda", generator=gen)
+    k = 0.35 * torch.randn(L, HKV, D, device="cuda", generator=gen)
+    v = torch.randn(L, HKV, D, device="cuda", generator=gen)
+    unit = math.sqrt(D)
+    band = min(32, D // 2)
+    pos = torch.arange(L, device="cuda", dtype=torch.float64)
+    f = torch.arange(band // 2, device="cuda", dtype=torch.float64)
+    omega = 1.0 / torch.pow(64.0, 1.0 + 2.0 * f / band)
+    amp = math.sqrt(5.0 * unit / (band // 2))
+    ang = pos[:, None] * omega[None]
+    enc = torch.stack([torch.cos(ang), torch.sin(ang)], -1).flatten(1).float() * amp  # [L, band]
+    k[:, :, :band] += enc[:, None]
+    q[:, :, :band] += enc[:, None]
+
+    def direction():
+        u = torch.zeros(D, device="cuda")
+        u[band:] = torch.randn(D - band, device="cuda", generator=gen)
+        return u / u.norm()
+    for h in range(HKV):
+        sink, vertical, needle = direction(), direction(), direction()
+        heads = slice(h * G, (h + 1) * G)
+        k[:4, h] += 3.0 * sink
+        if L > 1024:
+            cols = 1024 + torch.randint(0, L - 1024, (8,), device="cuda", generator=gen)
+            k[cols, h] += 3.0 * vertical
+        if L >= 4096:
+            for _ in range(4):
+                blk = int(torch.randint(0, L // 2 // 64, (1,), generator=gen, device="cuda")) * 64
+                q0 = L // 2 + int(torch.randint(0, L // 2 - 256, (1,), generator=gen, device="cuda"))
+                k[blk:blk + 64, h] += 2.5 * needle
+                q[q0:q0 + 256, heads] += (7.0 * unit / 2.5) * needle
+        q[:, heads] += (5.0 * unit / 3.0) * sink + (4.0 * unit / 3.0) * vertical
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default="build/libflashprefill.so")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--dense-lengths", default="8192,32768,131072")
+    ap.add_argument("--sparse-length", type=int, default=32768)
+    ap.add_argument("--prefill-lengths", default="8192,32768,131072")
+    ap.add_argument("--skip", default="", help="comma list of row groups to skip")
+    args = ap.parse_args()
+    skip = set(args.skip.split(",")) if args.skip else set()
+    lib = Lib(args.lib)
+    torch.manual_seed(0)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
+    rows = []
+    print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+
+    def report(row):
+        rows.append(row)
+        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+              flush=True)
+
+    dense_ms = {}
+    if "dense" not in skip:
+        for L in [int(x) for x in args.dense_lengths.split(",")]:
+            b = Batch([L], [L])
+            ours = Ours(lib, b)
+            ref = sdpa(b, SDPBackend.CUDNN_ATTENTION)().transpose(1, 2).reshape(L, HQ, D)
+            b.out.fill_(float("nan"))
+            ours.dense()
+            err = rel_err(b.out, ref)
+            t_ours = bench(ours.dense)
+            t_cudnn = bench(sdpa(b, SDPBackend.CUDNN_ATTENTION))
+            t_fa2 = bench(sdpa(b, SDPBackend.FLASH_ATTENTION))
+            dense_ms[L] = t_ours
+            report(dict(row="dense", L=L, ours_ms=t_ours, ours_tflops=tflops(b, t_ours),
+                        cudnn_ms=t_cudnn, cudnn_tflops=tflops(b, t_cudnn), fa2_ms=t_fa2,
+                        fa2_tflops=tflops(b, t_fa2), ours_vs_cudnn=t_cudnn / t_ours, err_vs_cudnn=err))
+            del b, ours
+            torch.cuda.empty_cache()
+
+    if "sparse" not in skip:
+        L = args.sparse_length
+        b = Batch([L], [L])
+        ours = Ours(lib, b)
+        t_dense = dense_ms.get(L) or bench(ours.dense)
+        for rho in (0.5, 0.2, 0.1, 0.05):
+            mask = random_block_mask(L, rho, gen)
+            for corr in (0, 1):
+                cfg = lib.config(alpha=0.1, correction=corr)
+                s = ours.sizes(cfg)
+                cu, idx, density = csr_from_block_mask(mask, L, s.max_q_tiles)
+                km, vm = block_means(b, cfg.block_size, s.max_blocks)
+                ours.prepare_sparse(cfg, cu, idx, km, vm)
+                b.out.fill_(float("nan"))
+                ours.sparse()
+                finite = bool(torch.isfinite(b.out).all())
+                t = bench(ours.sparse)
+                row = dict(row="sparse", L=L, rho=rho, density=density, correction=corr, ours_ms=t,
+                           dense_ms=t_dense, ratio_to_rho_dense=t / (density * t_dense), finite=finite)
+                if corr == 0:
+                    ref_out = b.out.clone()
+                    try:
+                        fx = flex(b, mask)
+                        err = rel_err(ref_out, fx().transpose(1, 2).reshape(L, HQ, D))
+                        t_flex = bench(fx)
+                        row.update(flex_ms=t_flex, speedup_vs_flex=t_flex / t, err_vs_flex=err)
+                    except Exception as e:  # noqa: BLE001 - report, keep benchmarking
+                        row.update(flex="failed: " + str(e).splitlines()[0][:80])
+                report(row)
+        del b, ours
+        torch.cuda.empty_cache()
+
+    if "prefill" not in skip:
+        for L in [int(x) for x in args.prefill_lengths.split(",")]:
+            q, k, v = structured_workload(L, gen)
+            b = Batch([L], [L], q, k, v)
+            ours = Ours(lib, b)
+            cfg = lib.config()
+            build = ours.build_index(cfg)
+            build()
+            torch.cuda.synchronize()
+            density = ours.density()
+            t_index = bench(build)
+            t_attn = bench(ours.sparse)
+            t_cudnn = bench(sdpa(b, SDPBackend.CUDNN_ATTENTION))
+            t_fa2 = bench(sdpa(b, SDPBackend.FLASH_ATTENTION))
+            ref = sdpa(b, SDPBackend.CUDNN_ATTENTION)().transpose(1, 2).reshape(L, HQ, D)
+            ours.sparse()
+            err = rel_err(b.out, ref)
+            total = t_index + t_attn
+            report(dict(row="prefill", L=L, density=density, index_ms=t_index, attn_ms=t_attn,
+                        total_ms=total, fa2_ms=t_fa2, cudnn_ms=t_cudnn, speedup_vs_fa2=t_fa2 / total,
+                        speedup_vs_cudnn=t_cudnn / total, err_vs_dense=err))
+            del b, ours, q, k, v
+            torch.cuda.empty_cache()
+
+    if "batch" not in skip:
+        b = Batch([32768] * 4, [32768] * 4)
+        ours = Ours(lib, b)
+        t = bench(ours.dense)
+        q = b.q.view(4, -1, HQ, D).transpose(1, 2)
+        k = b.k.view(4, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
+        v = b.v.view(4, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
+
+        def cudnn4():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        t_cudnn = bench(cudnn4)
+        report(dict(row="batch4", L=32768, ours_ms=t, ours_tflops=tflops(b, t), cudnn_ms=t_cudnn,
+                    cudnn_tflops=tflops(b, t_cudnn)))
+        del b, ours, q, k, v
+        torch.cuda.empty_cache()
+        # Mixed batch with cached prefixes (chunked prefill of several requests).
+        len_q, len_kv = [2048, 512, 8192, 1024], [32768, 16384, 8192, 65536]
+        b = Batch(len_q, len_kv)
+        ours = Ours(lib, b)
+        t = bench(ours.dense)
+        report(dict(row="mixed_dense", len_q=str(len_q), len_kv=str(len_kv), ours_ms=t,
+                    ours_tflops=tflops(b, t)))
+
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

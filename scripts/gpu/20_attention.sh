@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Attention operator on a GPU machine: builds libflashprefill and fp_gpu_attention_check if the
+# build folder lacks them, runs the check (CPU reference and float32 attention vs CUDA),
+# compute-sanitizer memcheck and racecheck on a small case, then the benchmark against torch
+# SDPA (cuDNN, FLASH) and FlexAttention, and prints the short tables last.
+# Usage: bash scripts/gpu/20_attention.sh [build-dir] [check|bench|all]; logs go to $OUT (or /tmp).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BUILD_DIR=${1:-build}
+WHAT=${2:-all}
+LOG_DIR=${OUT:-/tmp}
+
+if [ ! -x "$BUILD_DIR/fp_gpu_attention_check" ] || [ ! -f "$BUILD_DIR/libflashprefill.so" ]; then
+  echo "20_attention: building in $BUILD_DIR"
+  # CMake 3.25 knows neither the CUDA20 dialect for nvcc nor an empty architecture list.
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP_ENABLE_CUDA=ON \
+    -DFP_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 >/dev/null || exit 1
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target flashprefill fp_gpu_attention_check || exit 1
+fi
+
+status=0
+if [ "$WHAT" != bench ]; then
+  "$BUILD_DIR/fp_gpu_attention_check" 2>&1 | tee "$LOG_DIR/attention_check.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  : >"$LOG_DIR/attention_sanitizer.log"
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD_DIR/fp_gpu_attention_check" 1 small \
+      >"$LOG_DIR/attention_$tool.log" 2>&1
+    rc=$?
+    echo "compute-sanitizer $tool: exit $rc ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+      "$LOG_DIR/attention_$tool.log" | tail -n 1))" | tee -a "$LOG_DIR/attention_sanitizer.log"
+    [ $rc -eq 0 ] || status=1
+  done
+fi
+if [ "$WHAT" != check ]; then
+  PYTHONUNBUFFERED=1 python3 bench/bench_attention.py --lib "$BUILD_DIR/libflashprefill.so" \
+    --json "$LOG_DIR/attention_bench.json" 2>&1 | tee "$LOG_DIR/attention_bench.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+echo "== attention check =="
+[ -f "$LOG_DIR/attention_check.log" ] && grep -E "FAIL|PASS" "$LOG_DIR/attention_check.log" | tail -n 20
+[ -f "$LOG_DIR/attention_sanitizer.log" ] && cat "$LOG_DIR/attention_sanitizer.log"
+echo "== attention bench =="
+[ -f "$LOG_DIR/attention_bench.log" ] && grep "^row=" "$LOG_DIR/attention_bench.log"
+exit $status
