@@ -9,6 +9,12 @@ cd "$(dirname "$0")/../.."
 BUILD_DIR=${1:-build}
 WHAT=${2:-all}
 LOG_DIR=${OUT:-/tmp}
+# A hung kernel must not eat the whole lease: every step runs under a time limit (seconds).
+CHECK_LIMIT=${CHECK_LIMIT:-300}
+SANITIZER_LIMIT=${SANITIZER_LIMIT:-150}
+BENCH_LIMIT=${BENCH_LIMIT:-420}
+BENCH_ARGS=${BENCH_ARGS:-}
+SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck}
 
 if [ ! -x "$BUILD_DIR/fp_gpu_attention_check" ] || [ ! -f "$BUILD_DIR/libflashprefill.so" ]; then
   echo "20_attention: building in $BUILD_DIR"
@@ -22,11 +28,11 @@ fi
 
 status=0
 if [ "$WHAT" != bench ]; then
-  "$BUILD_DIR/fp_gpu_attention_check" 2>&1 | tee "$LOG_DIR/attention_check.log"
+  timeout "$CHECK_LIMIT" "$BUILD_DIR/fp_gpu_attention_check" 2>&1 | tee "$LOG_DIR/attention_check.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   : >"$LOG_DIR/attention_sanitizer.log"
-  for tool in memcheck racecheck; do
-    compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD_DIR/fp_gpu_attention_check" 1 small \
+  for tool in $SANITIZER_TOOLS; do
+    timeout "$SANITIZER_LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD_DIR/fp_gpu_attention_check" 1 small \
       >"$LOG_DIR/attention_$tool.log" 2>&1
     rc=$?
     echo "compute-sanitizer $tool: exit $rc ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
@@ -35,8 +41,10 @@ if [ "$WHAT" != bench ]; then
   done
 fi
 if [ "$WHAT" != check ]; then
-  PYTHONUNBUFFERED=1 python3 bench/bench_attention.py --lib "$BUILD_DIR/libflashprefill.so" \
-    --json "$LOG_DIR/attention_bench.json" 2>&1 | tee "$LOG_DIR/attention_bench.log"
+  # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
+  PYTHONUNBUFFERED=1 timeout "$BENCH_LIMIT" python3 bench/bench_attention.py \
+    --lib "$BUILD_DIR/libflashprefill.so" --json "$LOG_DIR/attention_bench.json" $BENCH_ARGS 2>&1 |
+    tee "$LOG_DIR/attention_bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 
