@@ -92,8 +92,7 @@ void attend_row(const float* q, int32_t position, const KeySet& keys, int32_t D,
     const int32_t key = i < size_t(visible) ? int32_t(i) : keys.exact + int32_t(i - visible);
     const Acc w = std::exp(score[i] - m);
     sum += w;
-    const float* v = &keys.v[size_t(key) * D];
-    for (int32_t d = 0; d < D; ++d) acc[d] += w * Acc(v[d]);
+    axpy(w, &keys.v[size_t(key) * D], acc.data(), D);
   }
   for (int32_t d = 0; d < D; ++d) acc[d] /= sum;
   lse = m + std::log(sum);

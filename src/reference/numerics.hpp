@@ -86,24 +86,11 @@ inline float round_to_dtype(float x, fp_dtype dtype) {
   return x;
 }
 
-// Dot products with eight independent partial sums, combined in a fixed order: deterministic,
-// independent of the thread count, and vectorizable without reassociating floating point.
-inline float dot(const float* a, const float* b, int n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-inline double dot_f64(const float* a, const float* b, int n) {
-  double acc[4] = {0, 0, 0, 0};
-  int i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; ++l) acc[l] += double(a[i + l]) * double(b[i + l]);
-  for (int l = 0; i < n; ++i, ++l) acc[l] += double(a[i]) * double(b[i]);
-  return (acc[0] + acc[2]) + (acc[1] + acc[3]);
-}
+// Dot products with independent partial sums combined in a fixed order, and axpy: deterministic,
+// independent of the thread count and of the instruction set chosen at run time (numerics.cpp).
+float dot(const float* a, const float* b, int n);
+double dot_f64(const float* a, const float* b, int n);
+void axpy(float w, const float* x, float* y, int n);
+void axpy(double w, const float* x, double* y, int n);
 
 }  // namespace flashprefill::ref
