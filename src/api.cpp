@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/problem.hpp"
+#include "core/workload.hpp"
 #include "cuda/backend.hpp"
 #include "flashprefill/flashprefill.h"
 #include "reference/reference.hpp"
@@ -262,6 +263,20 @@ fp_status fp_index_density(const fp_problem* problem, const fp_select_config* co
     fp_index view = *index;
     view.cu = cu.data();
     *density = ref::index_density(info, view);
+    return FP_OK;
+  });
+}
+
+fp_status fp_demo_workload(int32_t seqlen, int32_t num_heads_q, int32_t num_heads_kv,
+                           int32_t head_dim, uint64_t seed, float* q, float* k, float* v) {
+  return guarded([&] {
+    if (seqlen < 1 || num_heads_kv < 1 || num_heads_q % num_heads_kv != 0 || num_heads_q < 1 ||
+        head_dim < 8)
+      return fail(FP_ERROR_INVALID_ARGUMENT,
+                  "the demo workload needs seqlen >= 1, head_dim >= 8 and num_heads_q a multiple "
+                  "of num_heads_kv");
+    if (!q || !k || !v) return fail(FP_ERROR_INVALID_ARGUMENT, "q, k and v must not be NULL");
+    demo::make_workload({seqlen, num_heads_q, num_heads_kv, head_dim, seed}, q, k, v);
     return FP_OK;
   });
 }

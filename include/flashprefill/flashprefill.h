@@ -176,6 +176,12 @@ FP_API fp_status fp_dense_attention(const fp_problem* problem, const fp_output* 
 FP_API fp_status fp_index_density(const fp_problem* problem, const fp_select_config* config,
                                   const fp_index* index, double* density);
 
+/* The embedded benchmark workload of `flashprefill demo`, so that benchmarks in any language run
+ * on the same inputs: deterministic float32 q [L, Hq, D], k and v [L, Hkv, D] (row-major, host
+ * memory) with attention sinks, a local band, heavy key columns and far-back needle blocks. */
+FP_API fp_status fp_demo_workload(int32_t seqlen, int32_t num_heads_q, int32_t num_heads_kv,
+                                  int32_t head_dim, uint64_t seed, float* q, float* k, float* v);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

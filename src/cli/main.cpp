@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/workload.hpp"
+#include "core/workload.hpp"
 #include "flashprefill/flashprefill.h"
 #include "reference/numerics.hpp"
 
@@ -20,7 +20,6 @@
 
 namespace {
 
-using flashprefill::demo::Workload;
 using flashprefill::demo::WorkloadShape;
 
 [[noreturn]] void die(const std::string& what) {
@@ -189,8 +188,10 @@ int demo(const Options& opt) {
               opt.config.block_size, double(opt.config.alpha), opt.config.sink_tokens,
               opt.config.window_tokens, opt.config.dense_recent_tiles);
 
-  const Workload w = make_workload(shape);
-  const std::vector<uint16_t> q = to_bf16(w.q), k = to_bf16(w.k), v = to_bf16(w.v);
+  std::vector<float> wq(size_t(L) * Hq * D), wk(size_t(L) * Hkv * D), wv(wk.size());
+  check(fp_demo_workload(L, Hq, Hkv, D, shape.seed, wq.data(), wk.data(), wv.data()), "workload");
+  const std::vector<uint16_t> q = to_bf16(wq), k = to_bf16(wk), v = to_bf16(wv);
+  wq = wk = wv = {};
   const size_t q_bytes = q.size() * 2, kv_bytes = k.size() * 2;
   Buffer dq(dev, q_bytes), dk(dev, kv_bytes), dv(dev, kv_bytes), dcu(dev, 2 * sizeof(int32_t));
   dev.upload(dq.ptr, q.data(), q_bytes);

@@ -1,7 +1,10 @@
-#include "cli/workload.hpp"
+#include "core/workload.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "reference/reference.hpp"
 
 namespace flashprefill::demo {
 namespace {
@@ -40,29 +43,30 @@ void add(float* row, const std::vector<float>& u, float amount) {
 
 }  // namespace
 
-Workload make_workload(const WorkloadShape& s) {
-  Workload w{s, {}, {}, {}};
+void make_workload(const WorkloadShape& s, float* q, float* k, float* v) {
   const int32_t L = s.seqlen, D = s.head_dim, g = s.num_heads_q / s.num_heads_kv;
-  w.q.resize(size_t(L) * s.num_heads_q * D);
-  w.k.resize(size_t(L) * s.num_heads_kv * D);
-  w.v.resize(size_t(L) * s.num_heads_kv * D);
-  Rng rng{s.seed};
-  for (float& x : w.q) x = 0.35f * rng.normal();
-  for (float& x : w.k) x = 0.35f * rng.normal();
-  for (float& x : w.v) x = rng.normal();
 
   // Target logits (after the 1/sqrt(D) scale) of each structure.
   constexpr float kSinkLogit = 5.f, kVerticalLogit = 4.f, kNeedleLogit = 7.f, kBandLogit = 5.f;
   const float unit = std::sqrt(float(D));
   const int32_t band_dims = std::min(32, D / 2);  // dims [0, band_dims) hold the positional kernel
-  for (int32_t h = 0; h < s.num_heads_kv; ++h) {
+  ref::parallel_for(s.num_heads_kv, [&](int64_t head) {
+    const int32_t h = int32_t(head);
+    Rng rng{s.seed * 0x2545f4914f6cdd1dull + uint64_t(h)};
+    auto krow = [&](int32_t pos) { return &k[(size_t(pos) * s.num_heads_kv + h) * D]; };
+    auto vrow = [&](int32_t pos) { return &v[(size_t(pos) * s.num_heads_kv + h) * D]; };
+    auto qrow = [&](int32_t pos, int32_t r) {
+      return &q[(size_t(pos) * s.num_heads_q + h * g + r) * D];
+    };
+    for (int32_t pos = 0; pos < L; ++pos)
+      for (int32_t d = 0; d < D; ++d) {
+        krow(pos)[d] = 0.35f * rng.normal();
+        vrow(pos)[d] = rng.normal();
+        for (int32_t r = 0; r < g; ++r) qrow(pos, r)[d] = 0.35f * rng.normal();
+      }
     const std::vector<float> sink = direction(rng, D, band_dims, D);
     const std::vector<float> vertical = direction(rng, D, band_dims, D);
     const std::vector<float> needle = direction(rng, D, band_dims, D);
-    auto krow = [&](int32_t pos) { return &w.k[(size_t(pos) * s.num_heads_kv + h) * D]; };
-    auto qrow = [&](int32_t pos, int32_t r) {
-      return &w.q[(size_t(pos) * s.num_heads_q + h * g + r) * D];
-    };
     // Local band: sum of cosines of the position difference at low frequencies, peaked at 0.
     for (int32_t pos = 0; pos < L; ++pos)
       for (int32_t f = 0; f < band_dims / 2; ++f) {
@@ -94,8 +98,7 @@ Workload make_workload(const WorkloadShape& s) {
         add(qrow(pos, r), sink, kSinkLogit * unit / 3.f);
         add(qrow(pos, r), vertical, kVerticalLogit * unit / 3.f);
       }
-  }
-  return w;
+  });
 }
 
 }  // namespace flashprefill::demo
