@@ -7,7 +7,7 @@ BUILD_DIR=${1:-build}
 
 CUTLASS_VERSION=4.2.0.0
 CUTLASS_SHA256=f9599ada45c7bcb6bf53f7d3f0a7d154183e53451c01bfa59eecd37dd4a693f6
-PY_REQUIREMENTS="numpy==2.4.6 pytest==9.2.0"
+PY_REQUIREMENTS="numpy==2.4.6 pytest==9.2.0 ml-dtypes==0.6.0"
 
 need_apt=()
 command -v cmake >/dev/null || need_apt+=(cmake)
@@ -41,7 +41,7 @@ PY
   rm -rf "$tmp"
 fi
 
-python3 -c "import numpy, pytest" 2>/dev/null || python3 -m pip install -q $PY_REQUIREMENTS
+python3 -c "import numpy, pytest, ml_dtypes" 2>/dev/null || python3 -m pip install -q $PY_REQUIREMENTS
 
 cuda_flag=()
 [ -n "${FP_ENABLE_CUDA:-}" ] && cuda_flag=(-DFP_ENABLE_CUDA="$FP_ENABLE_CUDA")

@@ -48,7 +48,12 @@ fp_status with_problem(const fp_problem* problem, const fp_select_config* config
   });
 }
 
-fp_status check_workspace(size_t need, const void* workspace, size_t bytes) {
+fp_status check_workspace(const ProblemInfo& info, size_t need, const void* workspace,
+                          size_t bytes) {
+  const size_t align = info.p->device == FP_DEVICE_CUDA ? kAlign : 16;
+  if (reinterpret_cast<uintptr_t>(workspace) % align != 0)
+    return fail(FP_ERROR_INVALID_ARGUMENT,
+                "workspace must be " + std::to_string(align) + "-byte aligned");
   if (bytes < need)
     return fail(FP_ERROR_WORKSPACE_TOO_SMALL, "workspace has " + std::to_string(bytes) +
                                                   " bytes but the call needs " +
@@ -84,7 +89,7 @@ IndexStorage index_storage(const ProblemInfo& info, const fp_select_config& c) {
 fp_status build_index_impl(const ProblemInfo& info, const fp_select_config& c, const fp_index& index,
                            void* ws, size_t bytes) {
   FP_TRY(validate_index_buffers(info, c, &index, false));
-  FP_TRY(check_workspace(index_ws(info, c), ws, bytes));
+  FP_TRY(check_workspace(info, index_ws(info, c), ws, bytes));
   if (info.p->device == FP_DEVICE_CUDA) return cuda::build_index(info, c, index, ws, bytes);
   ref::pool(info, c, index.k_mean, c.mean_correction ? index.v_mean : nullptr);
   ref::score_and_select(info, c, index);
@@ -96,7 +101,7 @@ fp_status sparse_attention_impl(const ProblemInfo& info, const fp_select_config&
                                 size_t bytes) {
   FP_TRY(validate_index_buffers(info, c, &index, true));
   FP_TRY(validate_output(info, &out));
-  FP_TRY(check_workspace(attention_ws(info, c, true), ws, bytes));
+  FP_TRY(check_workspace(info, attention_ws(info, c, true), ws, bytes));
   if (info.p->device == FP_DEVICE_CUDA) return cuda::sparse_attention(info, c, index, out, ws, bytes);
   FP_TRY(ref::validate_index(info, index));
   ref::sparse_attention(info, c, index, out);
@@ -197,7 +202,7 @@ fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
     FP_TRY(validate_output(info, output));
     const IndexStorage st = index_storage(info, c);
     const size_t stage_ws = std::max(index_ws(info, c), attention_ws(info, c, true));
-    FP_TRY(check_workspace(st.total() + stage_ws, workspace, workspace_bytes));
+    FP_TRY(check_workspace(info, st.total() + stage_ws, workspace, workspace_bytes));
     char* base = static_cast<char*>(workspace);
     fp_index index{};
     index.cu = reinterpret_cast<int32_t*>(base);
@@ -233,7 +238,7 @@ fp_status fp_dense_attention(const fp_problem* problem, const fp_output* output,
     FP_TRY(validate_output(info, output));
     fp_select_config c;
     fp_select_config_default(&c);
-    FP_TRY(check_workspace(attention_ws(info, c, false), workspace, workspace_bytes));
+    FP_TRY(check_workspace(info, attention_ws(info, c, false), workspace, workspace_bytes));
     if (info.p->device == FP_DEVICE_CUDA)
       return cuda::dense_attention(info, *output, workspace, workspace_bytes);
     ref::dense_attention(info, *output);

@@ -145,6 +145,9 @@ TEST(ValidationMisc, WorkspaceTooSmall) {
   EXPECT_EQ(fp_prefill(&p, &c, &out.view, ws.data(), ws.size()), FP_ERROR_WORKSPACE_TOO_SMALL);
   EXPECT_NE(std::string(fp_last_error_message()).find("workspace"), std::string::npos);
   EXPECT_EQ(fp_prefill(&p, &c, &out.view, nullptr, bytes), FP_ERROR_INVALID_ARGUMENT);
+  std::vector<unsigned char> big(bytes + 16);
+  EXPECT_EQ(fp_prefill(&p, &c, &out.view, big.data() + 4, bytes), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fp_last_error_message()).find("aligned"), std::string::npos);
 }
 
 TEST(ValidationMisc, IndexBuffers) {

@@ -3,7 +3,9 @@
  *
  * Every entry point validates its inputs and returns an fp_status; on failure
  * fp_last_error_message() (thread-local) says what was wrong. No call allocates
- * device memory: buffers and workspace are the caller's, sized by the *_size queries.
+ * device memory: buffers and workspace are the caller's, sized by the *_size queries. Workspace
+ * pointers must be 256-byte aligned on CUDA (cudaMalloc's and torch's allocations are) and
+ * 16-byte aligned on the CPU (malloc's are).
  *
  * Layout conventions (all strides are in elements, the head dimension is contiguous):
  *   q        [total_q, Hq, D]                       packed varlen, rows of request b at
