@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "flashprefill/flashprefill.hpp"
 #include "test_support.hpp"
 
 using namespace fptest;
@@ -196,6 +197,32 @@ TEST(ValidationMisc, StatusStringsAndDefaults) {
   EXPECT_EQ(c.sink_tokens, 256);
   EXPECT_EQ(c.window_tokens, 512);
   EXPECT_EQ(c.mean_correction, 1);
+}
+
+}  // namespace
+
+namespace {
+
+TEST(CppHeader, ThrowsWithTheLibraryMessage) {
+  TestProblem t({{50, 80}}, 4, 2, 16, FP_FLOAT32, 48);
+  const fp_problem good = t.contiguous();
+  const int32_t cu_q[2] = {0, 50}, cu_k[2] = {0, 80};
+  const fp_problem built = flashprefill::contiguous_problem(
+      FP_DEVICE_CPU, FP_FLOAT32, 1, 4, 2, 16, good.q, 50, cu_q, 50, good.k, good.v, 80, cu_k, 80);
+  fp_select_config c = flashprefill::default_config();
+  std::vector<unsigned char> ws(flashprefill::prefill_workspace_size(built, c));
+  Output a(built), b(good);
+  flashprefill::prefill(built, c, a.view, ws.data(), ws.size());
+  ASSERT_EQ(fp_prefill(&good, &c, &b.view, ws.data(), ws.size()), FP_OK);
+  EXPECT_EQ(a.data, b.data);
+  c.alpha = -1.f;
+  try {
+    flashprefill::prefill(built, c, a.view, ws.data(), ws.size());
+    FAIL() << "expected flashprefill::Error";
+  } catch (const flashprefill::Error& e) {
+    EXPECT_EQ(e.status(), FP_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(e.what()).find("alpha"), std::string::npos);
+  }
 }
 
 }  // namespace
