@@ -11,7 +11,7 @@
 
 namespace flashprefill::cuda::attention {
 
-template <class Element, class Out, class Coords>
+template <class Element, int kHeadDim, class Out, class Coords>
 __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkTile& w,
                                            const Out& o, const Coords& coord,
                                            const float (&lse)[2]) {
@@ -39,7 +39,7 @@ __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkT
       if (p.lse != nullptr && owns_lse) p.lse[head * p.total_q + token] = lse[m];
     } else {
       const int64_t slot = (int64_t(w.split) * p.total_q + token) * heads_q + head;
-      float* out = p.o_partial + slot * size<1>(o);
+      float* out = p.o_partial + slot * kHeadDim;
       CUTE_UNROLL
       for (int n = 0; n < size<1>(o); n += 2)
         *reinterpret_cast<float2*>(out + get<1>(coord(m, n))) = make_float2(o(m, n), o(m, n + 1));
