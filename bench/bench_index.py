@@ -1,0 +1,207 @@
+"""Index-stage benchmark: fp_build_index on CUDA against torch SDPA dense causal attention.
+
+B = 1, Hq = 32, Hkv = 8, D = 128, bf16, L_q = L_kv = L for L in 8K .. 128K, default selection
+config (block 128, alpha 0.1, sink 256, window 512, recent 1, mean correction on). The index
+stage is called through the C ABI with plain ctypes (torch tensors' data_ptr() and the current
+stream) and timed two ways with CUDA events: eager calls and replays of a captured CUDA graph.
+The baselines, run in the same process on the same inputs: SDPA with the cuDNN backend and with
+the FLASH backend (K/V expanded to 32 heads). Every timing is the median of repeated runs after
+warm-up. Prints a table; writes JSON to --json.
+
+Usage: python3 bench/bench_index.py [--lib build/libflashprefill.so] [--lengths 8192,...]
+"""
+
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch.nn.functional as F
+
+
+class Problem(ctypes.Structure):
+    _fields_ = [
+        ("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("flags", ctypes.c_uint32),
+        ("dtype", ctypes.c_int), ("batch_size", ctypes.c_int32),
+        ("num_heads_q", ctypes.c_int32), ("num_heads_kv", ctypes.c_int32),
+        ("head_dim", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
+        ("q", ctypes.c_void_p), ("q_stride_token", ctypes.c_int64),
+        ("q_stride_head", ctypes.c_int64), ("total_q", ctypes.c_int64),
+        ("cu_seqlens_q", ctypes.c_void_p), ("max_seqlen_q", ctypes.c_int32),
+        ("kv_layout", ctypes.c_int), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("k_stride_page", ctypes.c_int64), ("k_stride_token", ctypes.c_int64),
+        ("k_stride_head", ctypes.c_int64), ("v_stride_page", ctypes.c_int64),
+        ("v_stride_token", ctypes.c_int64), ("v_stride_head", ctypes.c_int64),
+        ("max_seqlen_k", ctypes.c_int32), ("total_k", ctypes.c_int64),
+        ("cu_seqlens_k", ctypes.c_void_p), ("num_pages", ctypes.c_int32),
+        ("page_size", ctypes.c_int32), ("page_table", ctypes.c_void_p),
+        ("max_pages_per_seq", ctypes.c_int32), ("seqlens_k", ctypes.c_void_p),
+    ]
+
+
+class SelectConfig(ctypes.Structure):
+    _fields_ = [("block_size", ctypes.c_int32), ("alpha", ctypes.c_float),
+                ("sink_tokens", ctypes.c_int32), ("window_tokens", ctypes.c_int32),
+                ("dense_recent_tiles", ctypes.c_int32), ("mean_correction", ctypes.c_int32)]
+
+
+class Index(ctypes.Structure):
+    _fields_ = [("cu", ctypes.c_void_p), ("idx", ctypes.c_void_p), ("k_mean", ctypes.c_void_p),
+                ("v_mean", ctypes.c_void_p), ("idx_capacity", ctypes.c_int64)]
+
+
+class IndexSizes(ctypes.Structure):
+    _fields_ = [("num_segments", ctypes.c_int64), ("max_q_tiles", ctypes.c_int32),
+                ("max_blocks", ctypes.c_int32), ("idx_capacity", ctypes.c_int64),
+                ("mean_elements", ctypes.c_int64)]
+
+
+FP_DEVICE_CUDA, FP_BFLOAT16, FP_KV_CONTIGUOUS = 1, 1, 0
+
+
+def load(path):
+    lib = ctypes.CDLL(path)
+    lib.fp_last_error_message.restype = ctypes.c_char_p
+    for name in ("fp_index_sizes_query", "fp_build_index_workspace_size", "fp_build_index"):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def check(lib, status, what):
+    if status != 0:
+        raise RuntimeError(f"{what}: status {status}: {lib.fp_last_error_message().decode()}")
+
+
+def median_ms(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def bench_length(lib, length, hq=32, hkv=8, d=128, reps=20):
+    dev = torch.device("cuda")
+    q = torch.randn(length, hq, d, device=dev, dtype=torch.bfloat16)
+    k = torch.randn(length, hkv, d, device=dev, dtype=torch.bfloat16)
+    v = torch.randn(length, hkv, d, device=dev, dtype=torch.bfloat16)
+    cu = torch.tensor([0, length], device=dev, dtype=torch.int32)
+
+    p = Problem()
+    p.device, p.dtype, p.batch_size = FP_DEVICE_CUDA, FP_BFLOAT16, 1
+    p.num_heads_q, p.num_heads_kv, p.head_dim = hq, hkv, d
+    p.q, p.q_stride_token, p.q_stride_head = q.data_ptr(), q.stride(0), q.stride(1)
+    p.total_q, p.cu_seqlens_q, p.max_seqlen_q = length, cu.data_ptr(), length
+    p.kv_layout, p.k, p.v = FP_KV_CONTIGUOUS, k.data_ptr(), v.data_ptr()
+    p.k_stride_token, p.k_stride_head = k.stride(0), k.stride(1)
+    p.v_stride_token, p.v_stride_head = v.stride(0), v.stride(1)
+    p.max_seqlen_k, p.total_k, p.cu_seqlens_k = length, length, cu.data_ptr()
+    cfg = SelectConfig(128, 0.1, 256, 512, 1, 1)
+
+    sizes = IndexSizes()
+    check(lib, lib.fp_index_sizes_query(ctypes.byref(p), ctypes.byref(cfg), ctypes.byref(sizes)),
+          "sizes")
+    ws_bytes = ctypes.c_size_t()
+    check(lib, lib.fp_build_index_workspace_size(ctypes.byref(p), ctypes.byref(cfg),
+                                                 ctypes.byref(ws_bytes)), "workspace")
+    cu_out = torch.empty(sizes.num_segments + 1, device=dev, dtype=torch.int32)
+    idx = torch.empty(sizes.idx_capacity, device=dev, dtype=torch.int32)
+    k_mean = torch.empty(sizes.mean_elements, device=dev, dtype=torch.float32)
+    v_mean = torch.empty(sizes.mean_elements, device=dev, dtype=torch.float32)
+    ws = torch.empty(max(ws_bytes.value, 1), device=dev, dtype=torch.uint8)
+    index = Index(cu_out.data_ptr(), idx.data_ptr(), k_mean.data_ptr(), v_mean.data_ptr(),
+                  sizes.idx_capacity)
+
+    def build(config=cfg):
+        p.stream = torch.cuda.current_stream().cuda_stream
+        check(lib, lib.fp_build_index(ctypes.byref(p), ctypes.byref(config), ctypes.byref(index),
+                                      ctypes.c_void_p(ws.data_ptr()),
+                                      ctypes.c_size_t(ws_bytes.value)), "build_index")
+
+    eager = median_ms(build, 3, reps)
+    # Breakdown: alpha = 0 skips the scoring products (every candidate is selected), and
+    # mean_correction = 0 skips pooling V; the differences to the full call isolate both.
+    variants = {}
+    for name, changed in (("no_scoring", SelectConfig(128, 0.0, 256, 512, 1, 1)),
+                          ("no_v_pool", SelectConfig(128, 0.1, 256, 512, 1, 0))):
+        variants[name] = median_ms(lambda: build(changed), 3, reps)
+    torch.cuda.synchronize()
+    selected = int(cu_out[-1].item())
+    tiles = sizes.max_q_tiles
+    causal = sum(min((((i + 1) * 128 - 1) // (hq // hkv)) // 64 + 1, (length + 63) // 64)
+                 for i in range(tiles)) * hkv
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        build()
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        build()
+    replay = median_ms(graph.replay, 3, reps)
+
+    qt = q.unsqueeze(0).transpose(1, 2).contiguous()
+    kt = k.unsqueeze(0).transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
+    vt = v.unsqueeze(0).transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
+    dense_reps = 5 if length >= 65536 else 10
+    baselines = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                baselines[name] = median_ms(
+                    lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), 2,
+                    dense_reps)
+        except RuntimeError as err:  # a backend that refuses the shape is reported, not fatal
+            print(f"L={length}: SDPA {name} failed: {err}", flush=True)
+            baselines[name] = float("nan")
+    flops = 4.0 * hq * d * length * (length + 1) / 2
+    return {
+        "L": length, "index_eager_ms": eager, "index_graph_ms": replay,
+        "cudnn_ms": baselines["cudnn"], "flash_ms": baselines["flash"],
+        "cudnn_tflops": flops / baselines["cudnn"] / 1e9,
+        "ratio_vs_cudnn": replay / baselines["cudnn"],
+        "density": selected / causal,
+        "index_no_scoring_ms": variants["no_scoring"], "index_no_v_pool_ms": variants["no_v_pool"],
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lib", default="build/libflashprefill.so")
+    parser.add_argument("--lengths", default="8192,16384,32768,65536,131072")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    lib = load(args.lib)
+    torch.seed()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"cudnn {torch.backends.cudnn.version()}", flush=True)
+    rows = []
+    for length in (int(x) for x in args.lengths.split(",")):
+        rows.append(bench_length(lib, length))
+        print(json.dumps(rows[-1]), flush=True)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    print(f"{'L':>7} {'index eager':>12} {'index graph':>12} {'no scoring':>11} {'no V pool':>10} "
+          f"{'cuDNN dense':>12} {'FA dense':>10} {'cuDNN TF/s':>10} {'index/cuDNN':>11} "
+          f"{'density':>8}")
+    for r in rows:
+        print(f"{r['L']:>7} {r['index_eager_ms']:>10.3f}ms {r['index_graph_ms']:>10.3f}ms "
+              f"{r['index_no_scoring_ms']:>9.3f}ms {r['index_no_v_pool_ms']:>8.3f}ms "
+              f"{r['cudnn_ms']:>10.2f}ms {r['flash_ms']:>8.2f}ms {r['cudnn_tflops']:>10.0f} "
+              f"{100 * r['ratio_vs_cudnn']:>10.2f}% {r['density']:>8.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,700 @@
+// GPU check of the index stage: the public C ABI with device = CPU (the reference) and device =
+// CUDA on the same inputs, compared per docs/ALGORITHM.md (pooled means within bf16 rounding,
+// identical CSR except blocks inside the near-threshold band), plus CUDA-graph capture and replay,
+// incremental pooling, and the errors bad inputs get. Fresh random inputs every run; every GPU
+// output is poisoned first. Exit status 0 only when every case passes.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/geometry.hpp"
+#include "cuda/index/pool.cuh"
+#include "flashprefill/flashprefill.h"
+#include "reference/numerics.hpp"
+
+namespace {
+
+using flashprefill::BlockGeometry;
+using flashprefill::SeqGeometry;
+
+#define CUDA_CHECK(expr)                                                                   \
+  do {                                                                                     \
+    const cudaError_t _e = (expr);                                                         \
+    if (_e != cudaSuccess) {                                                               \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                   \
+                   cudaGetErrorString(_e));                                                \
+      std::exit(2);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+uint64_t seed() {
+  static const uint64_t value = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+  return value;
+}
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 gen(seed());
+  return gen;
+}
+
+template <typename T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceBuffer(size_t n = 0) : count(n) {
+    if (n) CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T)));
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(ptr, other.ptr);
+    std::swap(count, other.count);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  void upload(const std::vector<T>& v) {
+    CUDA_CHECK(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(count);
+    if (count) CUDA_CHECK(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+  void poison() {
+    if (count) CUDA_CHECK(cudaMemset(ptr, 0xff, count * sizeof(T)));
+  }
+};
+
+enum class Data { kRandom, kStructured };
+
+struct Case {
+  std::string name;
+  std::vector<int32_t> len_q, len_kv;
+  int32_t heads_q = 4, heads_kv = 1, head_dim = 128;
+  fp_dtype dtype = FP_BFLOAT16;
+  int32_t page_size = 0;  // 0 = contiguous KV
+  Data data = Data::kStructured;
+  fp_select_config config{};
+};
+
+// Host data of one case, in the dtype's 16-bit storage, and its device copies.
+struct Problem {
+  const Case& c;
+  int32_t batch, max_q = 0, max_kv = 0, num_pages = 0, max_pages = 0;
+  std::vector<int32_t> cu_q{0}, cu_k{0}, seqlens_k, page_table;
+  std::vector<uint16_t> q, k, v;  // q [total_q, Hq, D]; k, v [total_k or pages*ps, Hkv, D]
+  DeviceBuffer<uint16_t> dq, dk, dv;
+  DeviceBuffer<int32_t> dcu_q, dcu_k, dseqlens_k, dpage_table;
+
+  explicit Problem(const Case& cs) : c(cs), batch(int32_t(cs.len_q.size())) {
+    for (int32_t b = 0; b < batch; ++b) {
+      cu_q.push_back(cu_q.back() + c.len_q[b]);
+      cu_k.push_back(cu_k.back() + c.len_kv[b]);
+      seqlens_k.push_back(c.len_kv[b]);
+      max_q = std::max(max_q, c.len_q[b]);
+      max_kv = std::max(max_kv, c.len_kv[b]);
+    }
+    fill();
+    if (c.page_size > 0) page();
+    dq = DeviceBuffer<uint16_t>(q.size());
+    dq.upload(q);
+    upload_kv();
+    dcu_q = DeviceBuffer<int32_t>(cu_q.size());
+    dcu_q.upload(cu_q);
+    dcu_k = DeviceBuffer<int32_t>(cu_k.size());
+    dcu_k.upload(cu_k);
+    dseqlens_k = DeviceBuffer<int32_t>(seqlens_k.size());
+    dseqlens_k.upload(seqlens_k);
+    if (!page_table.empty()) {
+      dpage_table = DeviceBuffer<int32_t>(page_table.size());
+      dpage_table.upload(page_table);
+    }
+  }
+
+  uint16_t narrow(float x) const {
+    return c.dtype == FP_BFLOAT16 ? flashprefill::ref::float_to_bf16(x)
+                                  : flashprefill::ref::float_to_fp16(x);
+  }
+
+  // Structured data: each KV head has a direction u; keys of block J carry strength s_J along
+  // it and queries lean towards it, so block energies spread over orders of magnitude.
+  void fill() {
+    const int32_t d = c.head_dim, hq = c.heads_q, hkv = c.heads_kv;
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::uniform_real_distribution<float> uniform(-1.f, 1.5f);
+    const bool structured = c.data == Data::kStructured;
+    const float noise = structured ? 0.5f : 1.f;
+    std::vector<float> dir(size_t(hkv) * d);
+    for (auto& x : dir) x = normal(rng());
+    const int32_t bs = 64;  // strengths vary per 64 keys, finer than any block
+    std::vector<float> strength(size_t(hkv) * (max_kv / bs + 1));
+    for (auto& s : strength) s = uniform(rng());
+    q.resize(size_t(cu_q.back()) * hq * d);
+    for (int64_t t = 0; t < cu_q.back(); ++t)
+      for (int32_t h = 0; h < hq; ++h)
+        for (int32_t i = 0; i < d; ++i) {
+          const float lean = structured ? 0.5f * dir[size_t(h / (hq / hkv)) * d + i] : 0.f;
+          q[(size_t(t) * hq + h) * d + i] = narrow(noise * normal(rng()) + lean);
+        }
+    k.resize(size_t(cu_k.back()) * hkv * d);
+    v.resize(k.size());
+    for (int32_t b = 0; b < batch; ++b)
+      for (int32_t j = 0; j < c.len_kv[b]; ++j)
+        for (int32_t h = 0; h < hkv; ++h) {
+          const float s = structured ? strength[size_t(h) * (max_kv / bs + 1) + j / bs] : 0.f;
+          for (int32_t i = 0; i < d; ++i) {
+            const size_t at = (size_t(cu_k[b] + j) * hkv + h) * d + i;
+            k[at] = narrow(noise * normal(rng()) + s * dir[size_t(h) * d + i]);
+            v[at] = narrow(normal(rng()));
+          }
+        }
+  }
+
+  // Fresh values for every stored element, layout unchanged.
+  void scramble() {
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (auto* t : {&q, &k, &v})
+      for (auto& x : *t) x = narrow(normal(rng()));
+  }
+
+  // Moves the keys into shuffled pages; unused table entries hold out-of-range page ids.
+  void page() {
+    const int32_t ps = c.page_size, row = c.heads_kv * c.head_dim;
+    for (int32_t b = 0; b < batch; ++b)
+      max_pages = std::max<int32_t>(max_pages, int32_t((c.len_kv[b] + ps - 1) / ps));
+    max_pages += 1;
+    std::vector<int32_t> order;
+    for (int32_t b = 0; b < batch; ++b) num_pages += (c.len_kv[b] + ps - 1) / ps;
+    num_pages += 1;  // one spare page nobody uses
+    for (int32_t i = 0; i < num_pages; ++i) order.push_back(i);
+    std::shuffle(order.begin(), order.end(), rng());
+    page_table.assign(size_t(batch) * max_pages, num_pages + 7);
+    std::vector<uint16_t> kc(size_t(num_pages) * ps * row), vc(kc.size());
+    for (auto& x : kc) x = narrow(1e4f);  // rows no key maps to: poison for the pooling
+    for (auto& x : vc) x = narrow(1e4f);
+    int32_t next = 0;
+    for (int32_t b = 0; b < batch; ++b)
+      for (int32_t j = 0; j < c.len_kv[b]; ++j) {
+        if (j % ps == 0) page_table[size_t(b) * max_pages + j / ps] = order[next++];
+        const int32_t pg = page_table[size_t(b) * max_pages + j / ps];
+        std::memcpy(&kc[(size_t(pg) * ps + j % ps) * row], &k[size_t(cu_k[b] + j) * row], row * 2);
+        std::memcpy(&vc[(size_t(pg) * ps + j % ps) * row], &v[size_t(cu_k[b] + j) * row], row * 2);
+      }
+    k.swap(kc);
+    v.swap(vc);
+  }
+
+  void upload_kv() {
+    dk = DeviceBuffer<uint16_t>(k.size());
+    dk.upload(k);
+    dv = DeviceBuffer<uint16_t>(v.size());
+    dv.upload(v);
+  }
+
+  // The problem on `device`: host pointers for the CPU, device copies for CUDA.
+  fp_problem view(fp_device device, cudaStream_t stream = nullptr) const {
+    const bool gpu = device == FP_DEVICE_CUDA;
+    fp_problem p{};
+    p.device = device;
+    p.stream = stream;
+    p.dtype = c.dtype;
+    p.batch_size = batch;
+    p.num_heads_q = c.heads_q;
+    p.num_heads_kv = c.heads_kv;
+    p.head_dim = c.head_dim;
+    p.q = gpu ? static_cast<const void*>(dq.ptr) : q.data();
+    p.q_stride_token = int64_t(c.heads_q) * c.head_dim;
+    p.q_stride_head = c.head_dim;
+    p.total_q = cu_q.back();
+    p.cu_seqlens_q = gpu ? dcu_q.ptr : cu_q.data();
+    p.max_seqlen_q = max_q;
+    p.k = gpu ? static_cast<const void*>(dk.ptr) : k.data();
+    p.v = gpu ? static_cast<const void*>(dv.ptr) : v.data();
+    p.k_stride_token = p.v_stride_token = int64_t(c.heads_kv) * c.head_dim;
+    p.k_stride_head = p.v_stride_head = c.head_dim;
+    p.max_seqlen_k = max_kv;
+    if (c.page_size > 0) {
+      p.kv_layout = FP_KV_PAGED;
+      p.k_stride_page = p.v_stride_page = int64_t(c.page_size) * c.heads_kv * c.head_dim;
+      p.num_pages = num_pages;
+      p.page_size = c.page_size;
+      p.page_table = gpu ? dpage_table.ptr : page_table.data();
+      p.max_pages_per_seq = max_pages;
+      p.seqlens_k = gpu ? dseqlens_k.ptr : seqlens_k.data();
+    } else {
+      p.kv_layout = FP_KV_CONTIGUOUS;
+      p.total_k = cu_k.back();
+      p.cu_seqlens_k = gpu ? dcu_k.ptr : cu_k.data();
+    }
+    return p;
+  }
+
+  // Query row vector of packed row r of (b, h), widened.
+  std::vector<float> query(int32_t b, int32_t h, int64_t r) const {
+    const int32_t g = c.heads_q / c.heads_kv, d = c.head_dim;
+    const int64_t token = cu_q[b] + r / g;
+    const int32_t head = h * g + int32_t(r % g);
+    std::vector<float> out(d);
+    for (int32_t i = 0; i < d; ++i) out[i] = widen(q[(size_t(token) * c.heads_q + head) * d + i]);
+    return out;
+  }
+  float widen(uint16_t x) const {
+    return c.dtype == FP_BFLOAT16 ? flashprefill::ref::bf16_to_float(x)
+                                  : flashprefill::ref::fp16_to_float(x);
+  }
+};
+
+// Index buffers of one run: host for the CPU reference, device (poisoned) for CUDA.
+struct HostIndex {
+  std::vector<int32_t> cu, idx;
+  std::vector<float> k_mean, v_mean;
+};
+
+struct GpuIndex {
+  DeviceBuffer<int32_t> cu, idx;
+  DeviceBuffer<float> k_mean, v_mean;
+  DeviceBuffer<char> workspace;
+  size_t workspace_bytes = 0;
+  fp_index view{};
+  GpuIndex(const fp_index_sizes& s, size_t ws)
+      : cu(s.num_segments + 1), idx(std::max<int64_t>(s.idx_capacity, 1)),
+        k_mean(std::max<int64_t>(s.mean_elements, 1)), v_mean(std::max<int64_t>(s.mean_elements, 1)),
+        workspace(std::max<size_t>(ws, 1)), workspace_bytes(ws) {
+    view = fp_index{cu.ptr, idx.ptr, k_mean.ptr, v_mean.ptr, s.idx_capacity};
+  }
+  void poison() {
+    cu.poison();
+    idx.poison();
+    k_mean.poison();
+    v_mean.poison();
+    workspace.poison();
+  }
+  HostIndex download() const {
+    return HostIndex{cu.download(), idx.download(), k_mean.download(), v_mean.download()};
+  }
+};
+
+#define FP_CHECK(expr)                                                                     \
+  do {                                                                                     \
+    const fp_status _s = (expr);                                                           \
+    if (_s != FP_OK) {                                                                     \
+      std::fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,             \
+                   fp_status_string(_s), fp_last_error_message());                         \
+      std::exit(2);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+HostIndex run_cpu(const Problem& pr, const fp_select_config& config, const fp_index_sizes& s) {
+  const fp_problem p = pr.view(FP_DEVICE_CPU);
+  HostIndex out{std::vector<int32_t>(s.num_segments + 1), std::vector<int32_t>(s.idx_capacity + 1),
+                std::vector<float>(s.mean_elements + 1), std::vector<float>(s.mean_elements + 1)};
+  fp_index index{out.cu.data(), out.idx.data(), out.k_mean.data(), out.v_mean.data(),
+                 s.idx_capacity};
+  size_t ws = 0;
+  FP_CHECK(fp_build_index_workspace_size(&p, &config, &ws));
+  std::vector<char> workspace(ws + 1);
+  FP_CHECK(fp_build_index(&p, &config, &index, workspace.data(), ws));
+  return out;
+}
+
+struct Result {
+  bool ok = true;
+  std::string detail;
+  int64_t segments = 0, tiles = 0, band_blocks = 0;
+  double max_mean_err = 0;
+  void fail(const std::string& why) {
+    if (ok) detail = why;
+    ok = false;
+  }
+};
+
+// R_J = E_J / E_max of one segment in float64 from the reference's pooled means.
+std::vector<double> energy_ratios(const Problem& pr, const fp_select_config& config,
+                                  const HostIndex& ref, int32_t max_blocks, int32_t b, int32_t h,
+                                  int32_t tile) {
+  const int32_t g = pr.c.heads_q / pr.c.heads_kv, d = pr.c.head_dim;
+  const SeqGeometry seq{pr.c.len_q[b], pr.c.len_kv[b], g};
+  const BlockGeometry blocks{config.block_size, seq.len_kv};
+  const int32_t candidates = blocks.num_candidates(seq.pmax(tile));
+  const double scale = 1.0 / std::sqrt(double(d)) * 1.4426950408889634;
+  std::vector<float> kbar(size_t(candidates) * d);
+  for (int32_t j = 0; j < candidates; ++j)
+    for (int32_t i = 0; i < d; ++i)
+      kbar[size_t(j) * d + i] = pr.widen(pr.narrow(
+          ref.k_mean[((size_t(b) * pr.c.heads_kv + h) * max_blocks + j) * d + i]));
+  std::vector<std::vector<double>> x;
+  double m = -INFINITY;
+  for (int64_t r = seq.tile_row_begin(tile); r < seq.tile_row_end(tile); ++r) {
+    const std::vector<float> qr = pr.query(b, h, r);
+    std::vector<double> row(candidates, -INFINITY);
+    for (int32_t j = 0; j < candidates && blocks.begin(j) <= seq.position(r); ++j) {
+      row[j] = flashprefill::ref::dot_f64(qr.data(), &kbar[size_t(j) * d], d) * scale;
+      m = std::max(m, row[j]);
+    }
+    x.push_back(std::move(row));
+  }
+  std::vector<double> e(candidates, 0.0);
+  for (const auto& row : x)
+    for (int32_t j = 0; j < candidates; ++j)
+      if (row[j] != -INFINITY) e[j] += std::exp2(row[j] - m);
+  const double peak = *std::max_element(e.begin(), e.end());
+  for (double& v : e) v /= peak;
+  return e;
+}
+
+// Pooled means within 2^-8 relative (plus a float32 floor) over every block a request has.
+void compare_means(const Problem& pr, const fp_select_config& config, const fp_index_sizes& s,
+                   const std::vector<float>& want, const std::vector<float>& got,
+                   const char* name, Result& res) {
+  const int32_t d = pr.c.head_dim;
+  for (int32_t b = 0; b < pr.batch; ++b) {
+    const BlockGeometry blocks{config.block_size, pr.c.len_kv[b]};
+    for (int32_t h = 0; h < pr.c.heads_kv; ++h)
+      for (int32_t j = 0; j < blocks.num_blocks(); ++j)
+        for (int32_t i = 0; i < d; ++i) {
+          const size_t at = ((size_t(b) * pr.c.heads_kv + h) * s.max_blocks + j) * d + i;
+          const double err = std::fabs(double(got[at]) - want[at]);
+          res.max_mean_err = std::max(res.max_mean_err, err);
+          if (!(err <= std::ldexp(std::fabs(want[at]), -8) + 1e-5)) {
+            res.fail(std::string(name) + " differs at b=" + std::to_string(b) + " h=" +
+                     std::to_string(h) + " J=" + std::to_string(j) + " d=" + std::to_string(i) +
+                     ": " + std::to_string(got[at]) + " vs " + std::to_string(want[at]));
+            return;
+          }
+        }
+  }
+}
+
+void compare_index(const Problem& pr, const fp_select_config& config, const fp_index_sizes& s,
+                   const HostIndex& ref, const HostIndex& gpu, Result& res) {
+  const int32_t g = pr.c.heads_q / pr.c.heads_kv;
+  const int32_t per_block = config.block_size / 64;
+  if (gpu.cu[0] != 0) return res.fail("cu[0] != 0");
+  for (int64_t seg = 0; seg < s.num_segments; ++seg) {
+    const int32_t tile = int32_t(seg % s.max_q_tiles);
+    const int32_t h = int32_t(seg / s.max_q_tiles % pr.c.heads_kv);
+    const int32_t b = int32_t(seg / s.max_q_tiles / pr.c.heads_kv);
+    const SeqGeometry seq{pr.c.len_q[b], pr.c.len_kv[b], g};
+    const int32_t gb = gpu.cu[seg], ge = gpu.cu[seg + 1];
+    const std::string where = "segment " + std::to_string(seg) + " (b=" + std::to_string(b) +
+                              " h=" + std::to_string(h) + " I=" + std::to_string(tile) + ")";
+    if (ge < gb || ge > s.idx_capacity) return res.fail("cu out of order at " + where);
+    if (tile >= seq.num_q_tiles()) {
+      if (ge != gb) return res.fail(where + " is past the request but lists tiles");
+      continue;
+    }
+    ++res.segments;
+    res.tiles += ge - gb;
+    const int32_t causal = seq.causal_tiles(tile);
+    for (int32_t i = gb; i < ge; ++i)
+      if (gpu.idx[i] < 0 || gpu.idx[i] >= causal || (i > gb && gpu.idx[i] <= gpu.idx[i - 1]))
+        return res.fail(where + " is not ascending inside [0, T_c)");
+    std::set<int32_t> want_blocks, got_blocks;
+    for (int32_t i = ref.cu[seg]; i < ref.cu[seg + 1]; ++i) want_blocks.insert(ref.idx[i] / per_block);
+    for (int32_t i = gb; i < ge; ++i) got_blocks.insert(gpu.idx[i] / per_block);
+    std::vector<int32_t> differ;
+    std::set_symmetric_difference(want_blocks.begin(), want_blocks.end(), got_blocks.begin(),
+                                  got_blocks.end(), std::back_inserter(differ));
+    if (differ.empty()) {
+      const bool same = std::equal(ref.idx.begin() + ref.cu[seg], ref.idx.begin() + ref.cu[seg + 1],
+                                   gpu.idx.begin() + gb, gpu.idx.begin() + ge) &&
+                        ref.cu[seg + 1] - ref.cu[seg] == ge - gb;
+      if (!same) return res.fail(where + " lists the same blocks with different tiles");
+      continue;
+    }
+    // Only blocks whose ratio lies within 1e-3 alpha of alpha may differ (docs/ALGORITHM.md).
+    const std::vector<double> ratio = energy_ratios(pr, config, ref, s.max_blocks, b, h, tile);
+    for (int32_t j : differ) {
+      const double band = 1e-3 * config.alpha + 1e-5;
+      if (!(std::fabs(ratio[j] - config.alpha) <= band))
+        return res.fail(where + " block " + std::to_string(j) + " (R = " +
+                        std::to_string(ratio[j]) + ") is " +
+                        (got_blocks.count(j) ? "selected" : "dropped") +
+                        " on the GPU only");
+      ++res.band_blocks;
+    }
+  }
+}
+
+Result check_case(const Case& c) {
+  Result res;
+  const Problem pr(c);
+  const fp_problem gp = pr.view(FP_DEVICE_CUDA);
+  fp_index_sizes s{};
+  FP_CHECK(fp_index_sizes_query(&gp, &c.config, &s));
+  size_t ws = 0;
+  FP_CHECK(fp_build_index_workspace_size(&gp, &c.config, &ws));
+  GpuIndex gi(s, ws);
+  gi.poison();
+  FP_CHECK(fp_build_index(&gp, &c.config, &gi.view, gi.workspace.ptr, ws));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const HostIndex gpu = gi.download();
+  const HostIndex ref = run_cpu(pr, c.config, s);
+  compare_means(pr, c.config, s, ref.k_mean, gpu.k_mean, "k_mean", res);
+  if (c.config.mean_correction) compare_means(pr, c.config, s, ref.v_mean, gpu.v_mean, "v_mean", res);
+  if (res.ok) compare_index(pr, c.config, s, ref, gpu, res);
+  return res;
+}
+
+// Captures fp_build_index in a CUDA graph, replays it over new keys, and compares with an
+// eager call on the same keys: bit-identical index and means.
+Result check_graph(const Case& c) {
+  Result res;
+  Problem pr(c);
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const fp_problem gp = pr.view(FP_DEVICE_CUDA, stream);
+  fp_index_sizes s{};
+  FP_CHECK(fp_index_sizes_query(&gp, &c.config, &s));
+  size_t ws = 0;
+  FP_CHECK(fp_build_index_workspace_size(&gp, &c.config, &ws));
+  GpuIndex captured(s, ws), eager(s, ws);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const fp_status st = fp_build_index(&gp, &c.config, &captured.view, captured.workspace.ptr, ws);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  if (st != FP_OK) {
+    res.fail(std::string("capture: ") + fp_last_error_message());
+    return res;
+  }
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) {  // new inputs in the same buffers: the graph must pick them up
+      pr.scramble();
+      pr.dk.upload(pr.k);
+      pr.dv.upload(pr.v);
+      pr.dq.upload(pr.q);
+    }
+    captured.poison();
+    eager.poison();
+    CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    FP_CHECK(fp_build_index(&gp, &c.config, &eager.view, eager.workspace.ptr, ws));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    const HostIndex a = captured.download(), b = eager.download();
+    const int64_t used = b.cu[s.num_segments];
+    res.segments = s.num_segments;
+    res.tiles = used;
+    if (a.cu != b.cu || !std::equal(a.idx.begin(), a.idx.begin() + used, b.idx.begin()) ||
+        std::memcmp(a.k_mean.data(), b.k_mean.data(), 4 * s.mean_elements) != 0)
+      res.fail("replay " + std::to_string(round) + " differs from the eager call");
+  }
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+  return res;
+}
+
+// Incremental pooling: pool a prefix, then only the blocks past it with pooled_keys; the result
+// must equal pooling everything at once, bit for bit.
+Result check_incremental(const Case& c, int32_t prefix) {
+  namespace ix = flashprefill::cuda::index;
+  Result res;
+  const Problem pr(c);
+  const int32_t bs = c.config.block_size;
+  const int32_t max_blocks = (pr.max_kv + bs - 1) / bs;
+  const size_t elems = size_t(pr.batch) * c.heads_kv * max_blocks * c.head_dim;
+  DeviceBuffer<float> full_k(elems), full_v(elems), inc_k(elems), inc_v(elems);
+  DeviceBuffer<uint16_t> full_r(elems), inc_r(elems);
+  if (c.page_size == 0) {  // a shorter prefix keeps its rows only under paging
+    res.fail("incremental check needs paged KV");
+    return res;
+  }
+  std::vector<int32_t> prefix_len(pr.batch);
+  for (int32_t b = 0; b < pr.batch; ++b) prefix_len[b] = std::min(prefix, c.len_kv[b]);
+  DeviceBuffer<int32_t> dprefix(pr.batch);
+  dprefix.upload(prefix_len);
+  const fp_problem gp = pr.view(FP_DEVICE_CUDA);
+  auto params = [&](float* k_mean, float* v_mean, void* rounded) {
+    ix::PoolParams p;
+    p.meta.cu_seqlens_q = pr.dcu_q.ptr;
+    p.meta.group = c.heads_q / c.heads_kv;
+    p.meta.paged = c.page_size > 0;
+    p.meta.cu_seqlens_k = pr.dcu_k.ptr;
+    p.meta.seqlens_k = pr.dseqlens_k.ptr;
+    p.meta.page_table = pr.dpage_table.ptr;
+    p.meta.max_pages_per_seq = pr.max_pages;
+    p.meta.page_size = std::max(c.page_size, 1);
+    p.batch = pr.batch;
+    p.num_heads_kv = c.heads_kv;
+    p.max_blocks = max_blocks;
+    p.block_size = bs;
+    p.kv[0] = gp.k;
+    p.kv[1] = gp.v;
+    for (int i = 0; i < 2; ++i) {
+      p.stride_page[i] = gp.k_stride_page;
+      p.stride_token[i] = gp.k_stride_token;
+      p.stride_head[i] = gp.k_stride_head;
+    }
+    p.mean[0] = k_mean;
+    p.mean[1] = v_mean;
+    p.k_rounded = rounded;
+    return p;
+  };
+  for (auto* buf : {&full_k, &full_v, &inc_k, &inc_v}) buf->poison();
+  full_r.poison();
+  inc_r.poison();
+  CUDA_CHECK(ix::launch_pool(params(full_k.ptr, full_v.ptr, full_r.ptr), c.dtype, c.head_dim, nullptr));
+  // Step 1: the prefix alone (as the first chunk of a chunked prefill would see it).
+  DeviceBuffer<int32_t> dlen(pr.batch);
+  dlen.upload(prefix_len);
+  ix::PoolParams step1 = params(inc_k.ptr, inc_v.ptr, inc_r.ptr);
+  step1.meta.seqlens_k = dlen.ptr;
+  CUDA_CHECK(ix::launch_pool(step1, c.dtype, c.head_dim, nullptr));
+  // Step 2: the whole sequence, keeping the complete blocks of the prefix.
+  ix::PoolParams step2 = params(inc_k.ptr, inc_v.ptr, inc_r.ptr);
+  step2.pooled_keys = dprefix.ptr;
+  CUDA_CHECK(ix::launch_pool(step2, c.dtype, c.head_dim, nullptr));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const auto fk = full_k.download(), ik = inc_k.download(), fv = full_v.download(),
+             iv = inc_v.download();
+  const auto fr = full_r.download(), ir = inc_r.download();
+  for (int32_t b = 0; b < pr.batch; ++b) {
+    const BlockGeometry blocks{bs, c.len_kv[b]};
+    for (int32_t h = 0; h < c.heads_kv; ++h) {
+      const size_t at = (size_t(b) * c.heads_kv + h) * max_blocks * c.head_dim;
+      const size_t n = size_t(blocks.num_blocks()) * c.head_dim;
+      if (std::memcmp(&fk[at], &ik[at], n * 4) || std::memcmp(&fv[at], &iv[at], n * 4) ||
+          std::memcmp(&fr[at], &ir[at], n * 2))
+        res.fail("incremental pooling differs for request " + std::to_string(b));
+    }
+    res.segments += blocks.num_blocks() - prefix_len[b] / bs;
+  }
+  return res;
+}
+
+// Bad inputs: the CUDA call must return the same status as the CPU call.
+Result check_errors(const Case& c) {
+  Result res;
+  const Problem pr(c);
+  struct Bad {
+    const char* what;
+    void (*apply)(fp_problem&, fp_select_config&, fp_index&);
+  };
+  const Bad bads[] = {
+      {"alpha NaN", [](fp_problem&, fp_select_config& k, fp_index&) { k.alpha = NAN; }},
+      {"alpha 1.5", [](fp_problem&, fp_select_config& k, fp_index&) { k.alpha = 1.5f; }},
+      {"block_size 96", [](fp_problem&, fp_select_config& k, fp_index&) { k.block_size = 96; }},
+      {"negative window", [](fp_problem&, fp_select_config& k, fp_index&) { k.window_tokens = -1; }},
+      {"Hq % Hkv", [](fp_problem& p, fp_select_config&, fp_index&) { p.num_heads_q = 3; }},
+      {"cu_seqlens_q NULL", [](fp_problem& p, fp_select_config&, fp_index&) { p.cu_seqlens_q = nullptr; }},
+      {"k_mean NULL", [](fp_problem&, fp_select_config&, fp_index& i) { i.k_mean = nullptr; }},
+      {"idx_capacity small", [](fp_problem&, fp_select_config&, fp_index& i) { i.idx_capacity -= 1; }},
+      {"batch 0", [](fp_problem& p, fp_select_config&, fp_index&) { p.batch_size = 0; }},
+  };
+  fp_index_sizes s{};
+  const fp_problem gp0 = pr.view(FP_DEVICE_CUDA);
+  FP_CHECK(fp_index_sizes_query(&gp0, &c.config, &s));
+  size_t ws = 0;
+  FP_CHECK(fp_build_index_workspace_size(&gp0, &c.config, &ws));
+  GpuIndex gi(s, ws);
+  HostIndex hi{std::vector<int32_t>(s.num_segments + 1), std::vector<int32_t>(s.idx_capacity + 1),
+               std::vector<float>(s.mean_elements + 1), std::vector<float>(s.mean_elements + 1)};
+  std::vector<char> host_ws(1 << 20);
+  for (const Bad& bad : bads) {
+    fp_problem cp = pr.view(FP_DEVICE_CPU), gp = pr.view(FP_DEVICE_CUDA);
+    fp_select_config cc = c.config, gc = c.config;
+    fp_index ci{hi.cu.data(), hi.idx.data(), hi.k_mean.data(), hi.v_mean.data(), s.idx_capacity};
+    fp_index gx = gi.view;
+    bad.apply(cp, cc, ci);
+    bad.apply(gp, gc, gx);
+    const fp_status a = fp_build_index(&cp, &cc, &ci, host_ws.data(), host_ws.size());
+    const fp_status b = fp_build_index(&gp, &gc, &gx, gi.workspace.ptr, ws);
+    ++res.segments;
+    if (a != b || a == FP_OK)
+      res.fail(std::string(bad.what) + ": CPU " + fp_status_string(a) + ", CUDA " +
+               fp_status_string(b));
+  }
+  {  // a workspace one byte short
+    const fp_status st = fp_build_index(&gp0, &c.config, &gi.view, gi.workspace.ptr, ws - 1);
+    ++res.segments;
+    if (st != FP_ERROR_WORKSPACE_TOO_SMALL) res.fail("short workspace accepted");
+  }
+  return res;
+}
+
+fp_select_config config(int32_t block_size = 128, float alpha = 0.1f, int32_t sink = 256,
+                        int32_t window = 512, int32_t recent = 1, int32_t correction = 1) {
+  return fp_select_config{block_size, alpha, sink, window, recent, correction};
+}
+
+Case single(const char* name, int32_t len, int32_t hq, int32_t hkv, int32_t d, int32_t page,
+            fp_dtype dtype = FP_BFLOAT16, Data data = Data::kStructured) {
+  return Case{name, {len}, {len}, hq, hkv, d, dtype, page, data, config()};
+}
+
+}  // namespace
+
+int main() {
+  if (!fp_cuda_available()) {
+    std::printf("no usable sm_90 GPU: nothing checked\n");
+    return 1;
+  }
+  std::vector<Case> cases = {
+      single("L=1 g=1 D=64", 1, 2, 2, 64, 0),
+      single("L=1 g=8 D=128 page=1", 1, 8, 1, 128, 1),
+      single("L=127 g=1 D=64 page=16", 127, 2, 2, 64, 16, FP_FLOAT16),
+      single("L=127 g=4 D=128", 127, 8, 2, 128, 0, FP_BFLOAT16, Data::kRandom),
+      single("L=4097 g=4 D=128 page=100", 4097, 8, 2, 128, 100),
+      single("L=4097 g=8 D=64 page=64", 4097, 8, 1, 64, 64, FP_FLOAT16),
+      single("L=8192 g=8 D=128 page=16", 8192, 16, 2, 128, 16),
+      single("L=8192 g=1 D=64", 8192, 2, 2, 64, 0, FP_BFLOAT16, Data::kRandom),
+      single("L=32768 g=4 D=128 page=1", 32768, 4, 1, 128, 1),
+      single("L=32768 g=1 D=64 page=100", 32768, 1, 1, 64, 100, FP_FLOAT16),
+      single("L=131072 g=4 D=128", 131072, 4, 1, 128, 0),
+      single("L=131072 g=8 D=64 page=64", 131072, 8, 1, 64, 64),
+  };
+  // Mixed batches with cached prefixes (L_q < L_kv), an empty request, other rule settings.
+  cases.push_back(Case{"mixed B=5 g=4 D=128 page=64", {1, 300, 0, 1000, 2500},
+                       {999, 300, 17, 5000, 2500}, 16, 4, 128, FP_BFLOAT16, 64,
+                       Data::kStructured, config()});
+  cases.push_back(Case{"mixed B=3 g=8 D=64 page=100 bs=256", {700, 64, 3000},
+                       {9000, 4000, 3000}, 8, 1, 64, FP_FLOAT16, 100, Data::kStructured,
+                       config(256, 0.3f, 0, 0, 0, 0)});
+  cases.push_back(Case{"mixed B=4 g=1 D=128 contiguous alpha=0", {129, 1, 4096, 77},
+                       {129, 2048, 8192, 77}, 2, 2, 128, FP_BFLOAT16, 0, Data::kStructured,
+                       config(128, 0.f, 256, 512, 1, 1)});
+  cases.push_back(Case{"mixed B=2 g=4 D=128 page=16 alpha=0.9 recent=3", {5000, 2000},
+                       {20000, 2000}, 8, 2, 128, FP_BFLOAT16, 16, Data::kStructured,
+                       config(192, 0.9f, 64, 128, 3, 1)});
+
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, seed %llu\n", prop.name, (unsigned long long)seed());
+  int failures = 0;
+  std::printf("%-44s %8s %10s %8s %10s %s\n", "case", "segments", "tiles", "band", "mean_err", "result");
+  auto report = [&](const std::string& name, const Result& r, double seconds) {
+    failures += r.ok ? 0 : 1;
+    std::printf("%-44s %8lld %10lld %8lld %10.2e %s (%.1fs)%s%s\n", name.c_str(),
+                (long long)r.segments, (long long)r.tiles, (long long)r.band_blocks,
+                r.max_mean_err, r.ok ? "PASS" : "FAIL", seconds, r.ok ? "" : ": ",
+                r.detail.c_str());
+    std::fflush(stdout);
+  };
+  auto timed = [&](const std::string& name, auto&& fn) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result r = fn();
+    report(name, r, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  };
+  for (const Case& c : cases) timed(c.name, [&] { return check_case(c); });
+  timed("graph capture + replay (mixed B=5)", [&] { return check_graph(cases[12]); });
+  timed("graph capture + replay (L=8192)", [&] { return check_graph(cases[6]); });
+  timed("incremental pooling (mixed B=5, prefix 1000)",
+        [&] { return check_incremental(cases[12], 1000); });
+  timed("incremental pooling (L=8192 bs=128, prefix 4000)",
+        [&] { return check_incremental(cases[6], 4000); });
+  timed("bad inputs: same status as the CPU", [&] { return check_errors(cases[4]); });
+  std::printf("%s: %d failing\n", failures ? "FAIL" : "PASS", failures);
+  return failures ? 1 : 0;
+}
