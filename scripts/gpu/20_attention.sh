@@ -29,7 +29,12 @@ fi
 status=0
 if [ "$WHAT" != bench ]; then
   timeout "$CHECK_LIMIT" "$BUILD_DIR/fp_gpu_attention_check" 2>&1 | tee "$LOG_DIR/attention_check.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || status=1
+  if [ "$rc" -eq 124 ]; then
+    echo "20_attention: the check timed out (a hang?); skipping the sanitizer and the benchmark"
+    exit 1
+  fi
   : >"$LOG_DIR/attention_sanitizer.log"
   for tool in $SANITIZER_TOOLS; do
     timeout "$SANITIZER_LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD_DIR/fp_gpu_attention_check" 1 small \

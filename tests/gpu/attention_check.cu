@@ -574,6 +574,7 @@ Geometry geometry(std::string name, fp_dtype dt, int D, int hq, int hkv, std::ve
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (!fp_cuda_available()) {
     std::printf("no usable sm_90 device\n");
     return 2;

@@ -27,9 +27,13 @@ struct KernelTraits {
   static constexpr int kConsumerThreads = 256;
   static constexpr int kConsumerWarps = kConsumerThreads / 32;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
-  // setmaxnreg budgets: 128 * 32 + 256 * 240 <= 64K registers.
-  static constexpr int kProducerRegs = 32;
-  static constexpr int kConsumerRegs = 240;
+  // setmaxnreg budgets: the consumers' increase must fit in what the producer releases from the
+  // launch allocation (65536 / 384 rounded down to 168 per thread), or setmaxnreg.inc waits forever.
+  static constexpr int kLaunchRegs = 168;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <=
+                kLaunchRegs * (kProducerThreads + kConsumerThreads));
   static constexpr int kChunk = 16 / sizeof(Element);  // elements per 16-byte copy
 
   using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;
