@@ -89,6 +89,9 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
                 "index stage: workspace has " + std::to_string(workspace_bytes) +
                     " bytes but needs " + std::to_string(ws.total()));
   if (fp_status s = check_alignment(p); s != FP_OK) return s;
+  if (int64_t(info.group) * p.max_seqlen_q >= (int64_t(1) << 31))
+    return fail(FP_ERROR_UNSUPPORTED,
+                "index stage: (Hq / Hkv) * max_seqlen_q must stay below 2^31 packed rows");
   int device = 0, smem_limit = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
@@ -133,6 +136,7 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
   score.q_stride_token = p.q_stride_token;
   score.q_stride_head = p.q_stride_head;
   score.k_rounded = k_rounded;
+  score.batch = p.batch_size;
   score.num_heads_kv = p.num_heads_kv;
   score.max_q_tiles = sizes.max_q_tiles;
   score.max_blocks = sizes.max_blocks;
@@ -144,7 +148,7 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
   score.mask = mask;
   score.counts = counts;
   if (fp_status s = check_launch(
-          index::launch_score_select(score, p.batch_size, p.dtype, p.head_dim, stream),
+          index::launch_score_select(score, p.dtype, p.head_dim, stream),
           "score_select");
       s != FP_OK)
     return s;

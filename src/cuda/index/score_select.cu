@@ -2,9 +2,11 @@
 // fragments; the pooled keys stream through shared memory in chunks of 64 blocks, double
 // buffered with cp.async. Per chunk: S = Q K_bar^T on the tensor cores, the running maximum M
 // (Eq. 19), and the chunk's block energies E_J under that M. After the pass the energies are
-// rescaled to the final maximum and thresholded together with the forced rules (Eq. 20).
+// rescaled to the final maximum and thresholded together with the forced rules (Eq. 20). The
+// grid is persistent so that each CTA can load its next query tile while finishing the current.
 #include "cuda/index/score_select.cuh"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/index/ptx.cuh"
@@ -17,6 +19,8 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kWarpRows = kTileRows / kWarps;  // 32 rows = two m16 tiles per warp
 constexpr int kMTiles = kWarpRows / 16;
 constexpr int kChunk = 64;                     // pooled keys per step of the pass
+constexpr int kMinBlocksPerSm = 3;             // register budget: 65536 / (3 * 128) per thread
+constexpr size_t kSmemReservedPerBlock = 1024; // shared memory the runtime keeps per CTA
 constexpr int kNTiles = kChunk / 8;
 constexpr uint32_t kFullMask = 0xffffffffu;
 
@@ -60,29 +64,71 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScoreParams p) {
-  using L = Layout<D>;
-  extern __shared__ __align__(128) char smem_raw[];
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  // Heavy (late) tiles first: they carry the most candidate blocks.
-  const int32_t tile = p.max_q_tiles - 1 - int32_t(blockIdx.x);
-  const int32_t h = blockIdx.y, b = blockIdx.z;
-  const int64_t segment = segment_id(b, h, tile, p.num_heads_kv, p.max_q_tiles);
-  const SeqGeometry seq = p.meta.seq(b);
-  const int32_t num_tiles = seq.num_q_tiles();
-  if (tile >= num_tiles) {
-    if (tid == 0) p.counts[segment] = 0;
-    return;
+// One unit of work: the CSR segment (b, h, I). Units are numbered heavy-first (late query tiles
+// carry the most candidate blocks) and dealt round-robin to the persistent CTAs.
+struct Unit {
+  int32_t b, h, tile, num_tiles;
+  int64_t segment;
+  SeqGeometry seq;
+
+  __device__ Unit(const ScoreParams& p, int64_t u) {
+    const int64_t heads = int64_t(p.batch) * p.num_heads_kv;
+    tile = p.max_q_tiles - 1 - int32_t(u / heads);
+    b = int32_t(u % heads / p.num_heads_kv);
+    h = int32_t(u % heads % p.num_heads_kv);
+    seq = p.meta.seq(b);
+    num_tiles = seq.num_q_tiles();
+    segment = segment_id(b, h, tile, p.num_heads_kv, p.max_q_tiles);
   }
+  __device__ bool empty() const { return tile >= num_tiles; }
+  // The recent rule and alpha = 0 select every candidate: no scoring needed.
+  __device__ bool dense(const ScoreParams& p) const {
+    return tile >= num_tiles - p.rules.dense_recent_tiles || p.alpha == 0.f;
+  }
+};
+
+// Issues the cp.async copies of a unit's 128 PackGQA rows (Eq. 12-13): packed row R -> query
+// R / g of head h * g + R % g. Row arithmetic is 32-bit (build_index checks g * max_seqlen_q <
+// 2^31): a 64-bit division per row would cost more issue slots than a short tile's products.
+template <typename T, int D>
+__device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u, T* dst) {
+  using L = Layout<D>;
+  const int32_t group = u.seq.group;
+  const int32_t row0 = u.tile * kTileRows;
+  const int32_t packed_rows = group * u.seq.len_q;
+  const T* q = static_cast<const T*>(p.q);
+  const int32_t q_first = p.meta.cu_seqlens_q[u.b];
+  for (int v = threadIdx.x; v < kTileRows * L::kRowVecs; v += kThreads) {
+    const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
+    const int32_t packed = row0 + r;
+    const bool valid = packed < packed_rows;
+    const T* src = q;
+    if (valid) {
+      const int32_t query = packed / group;
+      src += int64_t(q_first + query) * p.q_stride_token +
+             int64_t(u.h * group + packed - query * group) * p.q_stride_head + vec * 8;
+    }
+    cp_async_16(dst + L::offset(r, vec), src, valid);
+  }
+  cp_async_commit();
+}
+
+// Scores and selects one non-empty unit. `prefetched` names the unit whose Q tile is already in
+// flight to sm.q(); during the unit's last chunk the next unit's tile is prefetched there (the Q
+// fragments live in registers by then), hiding its load behind this unit's tail.
+template <typename T, int D>
+__device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& unit,
+                                             const Smem& sm, int64_t u, int64_t& prefetched) {
+  using L = Layout<D>;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int32_t b = unit.b, h = unit.h, tile = unit.tile, num_tiles = unit.num_tiles;
+  const SeqGeometry& seq = unit.seq;
   const BlockGeometry blocks{p.block_size, seq.len_kv};
   const int32_t pmin = seq.pmin(tile);
   const int32_t causal_tiles = seq.causal_tiles(tile);
   const int32_t candidates = min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);
   const int32_t num_chunks = (candidates + kChunk - 1) / kChunk;
-  const Smem sm{smem_raw, L::kQBytes, L::kChunkBytes, padded_blocks(p.max_blocks)};
-  // The recent rule and alpha = 0 select every candidate: no scoring needed.
-  const bool dense = tile >= num_tiles - p.rules.dense_recent_tiles || p.alpha == 0.f;
+  const bool dense = unit.dense(p);
 
   float running_max = -INFINITY;  // M of Eq. 19
   if (!dense) {
@@ -99,32 +145,20 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
       }
       cp_async_commit();
     };
-
-    // PackGQA rows (Eq. 12-13): packed row R -> query R / g of head h * g + R % g.
-    const int64_t row0 = seq.tile_row_begin(tile);
-    const T* q = static_cast<const T*>(p.q);
-    const int32_t q_first = p.meta.cu_seqlens_q[b];
-    for (int v = tid; v < kTileRows * L::kRowVecs; v += kThreads) {
-      const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
-      const int64_t packed = row0 + r;
-      const bool valid = packed < seq.packed_rows();
-      const T* src = q;
-      if (valid)
-        src += (q_first + seq.query_index(packed)) * p.q_stride_token +
-               (int64_t(h) * seq.group + seq.head_in_group(packed)) * p.q_stride_head + vec * 8;
-      cp_async_16(static_cast<T*>(sm.q()) + L::offset(r, vec), src, valid);
-    }
+    if (prefetched != u) load_q_tile<T, D>(p, unit, static_cast<T*>(sm.q()));
     load_chunk(0);
 
     // Row r of the tile may score block J when J * bs <= p(r): J <= last_block[r].
+    const int32_t group = seq.group;
+    const int32_t packed_rows = group * seq.len_q;
     int32_t last_block[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int64_t packed = row0 + warp * kWarpRows + mt * 16 + lane / 4 + half * 8;
+        const int32_t packed = tile * kTileRows + warp * kWarpRows + mt * 16 + lane / 4 + half * 8;
         last_block[mt][half] =
-            packed < seq.packed_rows() ? seq.position(packed) / p.block_size : -1;
+            packed < packed_rows ? (seq.offset() + packed / group) / p.block_size : -1;
       }
 
     cp_async_wait_all();
@@ -141,8 +175,18 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
     for (int c = 0; c < num_chunks; ++c) {
       cp_async_wait_all();
       __syncthreads();  // chunk_landed: chunk c is in smem, chunk c - 1 is consumed
-      if (c + 1 < num_chunks) load_chunk(c + 1);
+      if (c + 1 < num_chunks) {
+        load_chunk(c + 1);
+      } else if (u + gridDim.x < int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles) {
+        const Unit next(p, u + gridDim.x);
+        if (!next.empty() && !next.dense(p)) {
+          load_q_tile<T, D>(p, next, static_cast<T*>(sm.q()));
+          prefetched = u + gridDim.x;
+        }
+      }
       const T* kc = static_cast<const T*>(sm.chunk(c & 1));
+      // Pairs of n8 tiles holding candidates; the rest of the last chunk is skipped (warp-uniform).
+      const int live_pairs = min(kNTiles / 2, (candidates - c * kChunk + 15) / 16);
 
       float s[kMTiles][kNTiles][4];
 #pragma unroll
@@ -155,6 +199,7 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
       for (int ks = 0; ks < L::kKSteps; ++ks)
 #pragma unroll
         for (int np = 0; np < kNTiles / 2; ++np) {
+          if (np >= live_pairs) break;
           uint32_t kb[4];
           ldmatrix_x4(kb, kc + L::offset(np * 16 + lane % 8 + lane / 16 * 8, ks * 2 + lane / 8 % 2));
 #pragma unroll
@@ -170,7 +215,8 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          if (nt / 2 >= live_pairs) break;
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int32_t block = first + nt * 8 + i % 2;
@@ -178,6 +224,7 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
             s[mt][nt][i] = x;
             local_max = fmaxf(local_max, x);
           }
+        }
       local_max = warp_max(local_max);
       if (lane == 0) sm.warp_max()[warp] = local_max;
       __syncthreads();  // chunk_max_ready
@@ -186,7 +233,8 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
 
       // Eq. 19: this chunk's E_J = sum over valid rows of 2^(x_rJ - M).
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        if (nt / 2 >= live_pairs) break;
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float sum = 0.f;
@@ -198,6 +246,7 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
             sum += __shfl_xor_sync(kFullMask, sum, stride);
           if (lane < 4) sm.warp_sums()[warp * kChunk + nt * 8 + lane * 2 + e] = sum;
         }
+      }
       __syncthreads();  // chunk_sums_ready
       if (tid < kChunk) {
         float energy = 0.f;
@@ -229,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
     for (int w = 0; w < kWarps; ++w) threshold = fmaxf(threshold, sm.warp_max()[w]);
     threshold *= p.alpha;
   }
-  uint32_t* mask = p.mask + segment * p.mask_words;
+  uint32_t* mask = p.mask + unit.segment * p.mask_words;
   int32_t tiles = 0;
   for (int32_t word = warp; word * 32 < candidates; word += kWarps) {
     const int32_t block = word * 32 + lane;
@@ -249,19 +298,48 @@ __global__ void __launch_bounds__(kThreads, 3) score_select_kernel(const ScorePa
     int32_t total = 0;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) total += sm.warp_tiles()[w];
-    p.counts[segment] = total;
+    p.counts[unit.segment] = total;
   }
+  __syncthreads();  // unit_done: the next unit may rewrite warp_tiles and the energies
 }
 
 template <typename T, int D>
-cudaError_t launch(const ScoreParams& p, int32_t batch, cudaStream_t stream) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) score_select_kernel(const ScoreParams p) {
+  using L = Layout<D>;
+  extern __shared__ __align__(128) char smem_raw[];
+  const Smem sm{smem_raw, L::kQBytes, L::kChunkBytes, padded_blocks(p.max_blocks)};
+  const int64_t num_units = int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles;
+  int64_t prefetched = -1;  // the unit whose Q tile is already in flight to sm.q()
+  for (int64_t u = blockIdx.x; u < num_units; u += gridDim.x) {
+    const Unit unit(p, u);
+    if (unit.empty()) {
+      if (threadIdx.x == 0) p.counts[unit.segment] = 0;
+      continue;
+    }
+    process_unit<T, D>(p, unit, sm, u, prefetched);
+  }
+}
+
+// A persistent grid: as many CTAs as fit on the device at once (the launch bound allows
+// kMinBlocksPerSm by registers; shared memory may allow fewer), each walking units round-robin.
+template <typename T, int D>
+cudaError_t launch(const ScoreParams& p, cudaStream_t stream) {
   const size_t smem = score_select_smem_bytes(D, p.max_blocks);
   auto* kernel = score_select_kernel<T, D>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  int device = 0, sms = 0, smem_per_sm = 0;
+  if (err == cudaSuccess) err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
   if (err != cudaSuccess) return err;
-  kernel<<<dim3(unsigned(p.max_q_tiles), unsigned(p.num_heads_kv), unsigned(batch)), kThreads,
-           smem, stream>>>(p);
+  const int64_t per_sm = std::clamp<int64_t>(
+      int64_t(smem_per_sm) / int64_t(smem + kSmemReservedPerBlock), 1, kMinBlocksPerSm);
+  const int64_t units = int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles;
+  const int64_t grid = std::min<int64_t>(units, per_sm * sms);
+  kernel<<<dim3(unsigned(grid)), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -274,15 +352,13 @@ size_t score_select_smem_bytes(int32_t head_dim, int32_t max_blocks) {
          kWarps * sizeof(int32_t);
 }
 
-cudaError_t launch_score_select(const ScoreParams& params, int32_t batch, fp_dtype dtype,
-                                int32_t head_dim, cudaStream_t stream) {
+cudaError_t launch_score_select(const ScoreParams& params, fp_dtype dtype, int32_t head_dim,
+                                cudaStream_t stream) {
   if (params.max_q_tiles == 0) return cudaSuccess;
   const bool bf16 = dtype == FP_BFLOAT16;
   if (head_dim == 64)
-    return bf16 ? launch<__nv_bfloat16, 64>(params, batch, stream)
-                : launch<__half, 64>(params, batch, stream);
-  return bf16 ? launch<__nv_bfloat16, 128>(params, batch, stream)
-              : launch<__half, 128>(params, batch, stream);
+    return bf16 ? launch<__nv_bfloat16, 64>(params, stream) : launch<__half, 64>(params, stream);
+  return bf16 ? launch<__nv_bfloat16, 128>(params, stream) : launch<__half, 128>(params, stream);
 }
 
 }  // namespace flashprefill::cuda::index

@@ -1,6 +1,6 @@
-// Stage 1b: fused scoring and selection (Eq. 19-20). One CTA per CSR segment (b, h, I) makes one
-// pass over the pooled keys with tensor-core products, keeps the running tile maximum online,
-// and writes the segment's selected blocks as a bitmask plus its selected-tile count.
+// Stage 1b: fused scoring and selection (Eq. 19-20). For each CSR segment (b, h, I) a CTA makes
+// one pass over the pooled keys with tensor-core products, keeps the running tile maximum
+// online, and writes the segment's selected blocks as a bitmask plus its selected-tile count.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,7 +19,7 @@ struct ScoreParams {
   const void* q = nullptr;
   int64_t q_stride_token = 0, q_stride_head = 0;
   const void* k_rounded = nullptr;  // rho(k_mean) [B, Hkv, max_blocks, D] in the dtype
-  int32_t num_heads_kv = 0, max_q_tiles = 0, max_blocks = 0, block_size = 128;
+  int32_t batch = 0, num_heads_kv = 0, max_q_tiles = 0, max_blocks = 0, block_size = 128;
   float scale_log2 = 0.f;           // softmax_scale * log2(e)
   float alpha = 0.f;
   SelectRules rules;
@@ -31,7 +31,7 @@ struct ScoreParams {
 // Dynamic shared memory of one CTA; launch_score_select refuses more than the device allows.
 size_t score_select_smem_bytes(int32_t head_dim, int32_t max_blocks);
 
-cudaError_t launch_score_select(const ScoreParams& params, int32_t batch, fp_dtype dtype,
-                                int32_t head_dim, cudaStream_t stream);
+cudaError_t launch_score_select(const ScoreParams& params, fp_dtype dtype, int32_t head_dim,
+                                cudaStream_t stream);
 
 }  // namespace flashprefill::cuda::index
