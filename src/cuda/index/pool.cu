@@ -19,7 +19,7 @@ struct PoolShape {
   static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0);
 };
 
-template <typename T, int D>
+template <typename T>
 __device__ __forceinline__ void store_rounded(T* dst, const float (&v)[16 / sizeof(T)]) {
   constexpr int kVec = 16 / sizeof(T);
   uint4 packed;
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) 
     if (rounded == nullptr || !finisher) return;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[i] = mean[out_col + i];
-    store_rounded<T, D>(rounded + out_col, acc);
+    store_rounded<T>(rounded + out_col, acc);
     return;
   }
 
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) 
   for (int i = 0; i < kVec; i += 4)
     *reinterpret_cast<float4*>(mean + out_col + i) =
         make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-  if (rounded != nullptr) store_rounded<T, D>(rounded + out_col, acc);
+  if (rounded != nullptr) store_rounded<T>(rounded + out_col, acc);
 }
 
 template <typename T, int D>
