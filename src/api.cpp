@@ -91,7 +91,8 @@ fp_status build_index_impl(const ProblemInfo& info, const fp_select_config& c, c
   FP_TRY(validate_index_buffers(info, c, &index, false));
   FP_TRY(check_workspace(info, index_ws(info, c), ws, bytes));
   if (info.p->device == FP_DEVICE_CUDA) return cuda::build_index(info, c, index, ws, bytes);
-  ref::pool(info, c, index.k_mean, c.mean_correction ? index.v_mean : nullptr);
+  if ((info.p->flags & FP_FLAG_MEANS_POOLED) == 0)
+    ref::pool(info, c, index.k_mean, c.mean_correction ? index.v_mean : nullptr);
   ref::score_and_select(info, c, index);
   return FP_OK;
 }
@@ -163,6 +164,30 @@ fp_status fp_build_index(const fp_problem* problem, const fp_select_config* conf
   return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
     FP_TRY(check_out_ptr(index, "index"));
     return build_index_impl(info, c, *index, workspace, workspace_bytes);
+  });
+}
+
+fp_status fp_pool_kv(const fp_problem* problem, const fp_select_config* config, float* k_mean,
+                     float* v_mean, const int32_t* pooled_keys) {
+  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
+    if (k_mean == nullptr) return fail(FP_ERROR_INVALID_ARGUMENT, "k_mean is NULL");
+    const fp_problem& p = *info.p;
+    if (pooled_keys != nullptr && info.has_host_metadata) {
+      std::vector<int32_t> host(p.batch_size);
+      if (p.device == FP_DEVICE_CUDA) {
+        FP_TRY(cuda::copy_to_host(host.data(), pooled_keys, host.size() * sizeof(int32_t), p.stream));
+      } else {
+        std::copy(pooled_keys, pooled_keys + p.batch_size, host.begin());
+      }
+      for (int32_t b = 0; b < p.batch_size; ++b)
+        if (host[b] < 0 || host[b] > info.len_kv[b])
+          return fail(FP_ERROR_INVALID_ARGUMENT,
+                      "pooled_keys[" + std::to_string(b) + "] = " + std::to_string(host[b]) +
+                          " is outside [0, " + std::to_string(info.len_kv[b]) + "]");
+    }
+    if (p.device == FP_DEVICE_CUDA) return cuda::pool_kv(info, c, k_mean, v_mean, pooled_keys);
+    ref::pool(info, c, k_mean, v_mean, pooled_keys);
+    return FP_OK;
   });
 }
 

@@ -219,3 +219,55 @@ TEST(Index, DensityFallsAsAlphaRises) {
 }
 
 }  // namespace
+
+namespace {
+
+// Chunked prefill: means pooled for a 300-key prefix, then extended to 777 keys incrementally,
+// equal a full pooling; an index built on them under FP_FLAG_MEANS_POOLED equals a fresh one.
+TEST(Index, IncrementalPoolingEqualsFullPooling) {
+  TestProblem full({{477, 777}}, 8, 2, 32, FP_BFLOAT16, 51);
+  fill_structured(full, 52);
+  fp_select_config c = default_config();
+  const fp_problem p = full.contiguous();
+  IndexBuffers fresh(p, c);
+  build(fresh, p, c);
+
+  fp_problem prefix = p;  // the first chunk: keys [0, 300), its last 100 queries
+  const int32_t cu_q[2] = {0, 100}, cu_k[2] = {0, 300};
+  prefix.q = static_cast<const unsigned char*>(p.q) + size_t(200) * 8 * 32 * 2;
+  prefix.total_q = prefix.max_seqlen_q = 100;
+  prefix.cu_seqlens_q = cu_q;
+  prefix.total_k = 300;
+  prefix.cu_seqlens_k = cu_k;
+  std::vector<float> k_mean(fresh.k_mean.size(), NAN), v_mean(fresh.v_mean.size(), NAN);
+  ASSERT_EQ(fp_pool_kv(&prefix, &c, k_mean.data(), v_mean.data(), nullptr), FP_OK)
+      << fp_last_error_message();
+  const int32_t pooled[1] = {300};
+  ASSERT_EQ(fp_pool_kv(&p, &c, k_mean.data(), v_mean.data(), pooled), FP_OK);
+  const size_t used = size_t(2) * 7 * 32;  // 2 heads x ceil(777 / 128) blocks x D
+  for (size_t h = 0; h < 2; ++h)
+    for (size_t i = 0; i < used / 2; ++i) {
+      const size_t at = h * fresh.sizes.max_blocks * 32 + i;
+      ASSERT_EQ(k_mean[at], fresh.k_mean[at]) << at;
+      ASSERT_EQ(v_mean[at], fresh.v_mean[at]) << at;
+    }
+
+  IndexBuffers reused(p, c);
+  reused.k_mean = k_mean;
+  reused.v_mean = v_mean;
+  reused.view.k_mean = reused.k_mean.data();
+  reused.view.v_mean = reused.v_mean.data();
+  fp_problem flagged = p;
+  flagged.flags |= FP_FLAG_MEANS_POOLED;
+  build(reused, flagged, c);
+  EXPECT_EQ(reused.cu, fresh.cu);
+  EXPECT_EQ(std::vector<int32_t>(reused.idx.begin(), reused.idx.begin() + reused.cu.back()),
+            std::vector<int32_t>(fresh.idx.begin(), fresh.idx.begin() + fresh.cu.back()));
+
+  const int32_t too_many[1] = {778};
+  EXPECT_EQ(fp_pool_kv(&p, &c, k_mean.data(), v_mean.data(), too_many), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fp_last_error_message()).find("pooled_keys"), std::string::npos);
+  EXPECT_EQ(fp_pool_kv(&p, &c, nullptr, v_mean.data(), nullptr), FP_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace

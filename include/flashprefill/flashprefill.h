@@ -65,6 +65,9 @@ typedef enum fp_kv_layout { FP_KV_CONTIGUOUS = 0, FP_KV_PAGED = 1 } fp_kv_layout
  * CUDA-graph capturable, and the caller guarantees the metadata is valid. The CPU path always
  * validates. */
 #define FP_FLAG_VALIDATE_DEVICE_METADATA 1u
+/* fp_build_index takes index->k_mean / v_mean as already pooled for every key (kept current
+ * beside the KV cache by fp_pool_kv across chunked-prefill steps) and only scores and selects. */
+#define FP_FLAG_MEANS_POOLED 2u
 
 /* One attention problem: a varlen batch of new queries against (possibly cached) keys. */
 typedef struct fp_problem {
@@ -152,6 +155,15 @@ FP_API fp_status fp_build_index_workspace_size(const fp_problem* problem,
                                                const fp_select_config* config, size_t* bytes);
 FP_API fp_status fp_build_index(const fp_problem* problem, const fp_select_config* config,
                                 const fp_index* index, void* workspace, size_t workspace_bytes);
+
+/* Incremental pooling (Eq. 5) for chunked prefill: pools the blocks of request b from key
+ * pooled_keys[b] / block_size on into k_mean (and v_mean when not NULL), [B, Hkv, max_blocks, D]
+ * float32 buffers that the caller keeps beside its KV cache; lower blocks keep their means and
+ * the partial block at the boundary is pooled again. pooled_keys: [B] int32 on the problem's
+ * device with 0 <= pooled_keys[b] <= L_kv(b), or NULL to pool every block. No host
+ * synchronization on CUDA. Follow it with fp_build_index under FP_FLAG_MEANS_POOLED. */
+FP_API fp_status fp_pool_kv(const fp_problem* problem, const fp_select_config* config,
+                            float* k_mean, float* v_mean, const int32_t* pooled_keys);
 
 /* Attention stage over a given index; config->mean_correction and block_size select the
  * correction (it needs index->k_mean and v_mean). */

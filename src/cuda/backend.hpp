@@ -19,6 +19,9 @@ fp_status copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
 size_t build_index_workspace(const ProblemInfo& info, const fp_select_config& config);
 fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
                       const fp_index& index, void* workspace, size_t workspace_bytes);
+// Incremental pooling of fp_pool_kv; pooled_keys is a device array or nullptr.
+fp_status pool_kv(const ProblemInfo& info, const fp_select_config& config, float* k_mean,
+                  float* v_mean, const int32_t* pooled_keys);
 
 size_t attention_workspace(const ProblemInfo& info, const fp_select_config& config, bool sparse);
 // config.mean_correction selects the correction; index.k_mean / v_mean hold the pooled means.

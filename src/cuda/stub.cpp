@@ -14,6 +14,9 @@ size_t build_index_workspace(const ProblemInfo&, const fp_select_config&) { retu
 fp_status build_index(const ProblemInfo&, const fp_select_config&, const fp_index&, void*, size_t) {
   return no_cuda();
 }
+fp_status pool_kv(const ProblemInfo&, const fp_select_config&, float*, float*, const int32_t*) {
+  return no_cuda();
+}
 size_t attention_workspace(const ProblemInfo&, const fp_select_config&, bool) { return 0; }
 fp_status sparse_attention(const ProblemInfo&, const fp_select_config&, const fp_index&,
                            const fp_output&, void*, size_t) {

@@ -25,7 +25,8 @@ QueryTile load_query_tile(const ProblemInfo& info, int32_t b, int32_t h, int32_t
   return t;
 }
 
-void pool(const ProblemInfo& info, const fp_select_config& config, float* k_mean, float* v_mean) {
+void pool(const ProblemInfo& info, const fp_select_config& config, float* k_mean, float* v_mean,
+          const int32_t* pooled_keys) {
   const fp_problem& p = *info.p;
   const int32_t D = p.head_dim;
   const int32_t max_blocks = int32_t(ceil_div(p.max_seqlen_k, config.block_size));
@@ -39,7 +40,8 @@ void pool(const ProblemInfo& info, const fp_select_config& config, float* k_mean
       const int64_t head_off = int64_t(h) * (value ? p.v_stride_head : p.k_stride_head);
       const KvAddress addr = info.kv_address(b, value);
       std::vector<float> sum(D);
-      for (int32_t j = 0; j < blocks.num_blocks(); ++j) {
+      const int32_t first = pooled_keys ? pooled_keys[b] / config.block_size : 0;
+      for (int32_t j = first; j < blocks.num_blocks(); ++j) {
         std::fill(sum.begin(), sum.end(), 0.f);
         for (int32_t key = blocks.begin(j); key < blocks.end(j); ++key) {
           const int64_t base = addr.offset(key) + head_off;

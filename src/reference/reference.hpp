@@ -22,8 +22,10 @@ struct QueryTile {
 };
 QueryTile load_query_tile(const ProblemInfo& info, int32_t b, int32_t h, int32_t tile);
 
-// Stage 1a (Eq. 5): k_mean (and v_mean if not NULL), [B, Hkv, max_blocks, D] float32.
-void pool(const ProblemInfo& info, const fp_select_config& config, float* k_mean, float* v_mean);
+// Stage 1a (Eq. 5): k_mean (and v_mean if not NULL), [B, Hkv, max_blocks, D] float32. With
+// pooled_keys (host, [B]), blocks below pooled_keys[b] / block_size keep their means.
+void pool(const ProblemInfo& info, const fp_select_config& config, float* k_mean, float* v_mean,
+          const int32_t* pooled_keys = nullptr);
 
 // Stage 1b-c (Eq. 19-20 and the CSR): reads index.k_mean, writes index.cu and index.idx.
 void score_and_select(const ProblemInfo& info, const fp_select_config& config,

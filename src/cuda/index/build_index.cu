@@ -73,7 +73,43 @@ fp_status check_alignment(const fp_problem& p) {
               "multiple of 16 bytes");
 }
 
+// Pooling of every (request, KV head, block) of K (and V when v_mean is not null) into the
+// float32 means, with the rounded copy of the key means when k_rounded is not null.
+index::PoolParams pool_params(const ProblemInfo& info, const fp_select_config& config,
+                              float* k_mean, float* v_mean, void* k_rounded) {
+  const fp_problem& p = *info.p;
+  index::PoolParams pool;
+  pool.meta = seq_meta(info);
+  pool.batch = p.batch_size;
+  pool.num_heads_kv = p.num_heads_kv;
+  pool.max_blocks = index_sizes(info, config).max_blocks;
+  pool.block_size = config.block_size;
+  pool.kv[0] = p.k;
+  pool.kv[1] = p.v;
+  pool.stride_page[0] = p.k_stride_page;
+  pool.stride_page[1] = p.v_stride_page;
+  pool.stride_token[0] = p.k_stride_token;
+  pool.stride_token[1] = p.v_stride_token;
+  pool.stride_head[0] = p.k_stride_head;
+  pool.stride_head[1] = p.v_stride_head;
+  pool.mean[0] = k_mean;
+  pool.mean[1] = v_mean;
+  pool.k_rounded = k_rounded;
+  return pool;
+}
+
 }  // namespace
+
+fp_status pool_kv(const ProblemInfo& info, const fp_select_config& config, float* k_mean,
+                  float* v_mean, const int32_t* pooled_keys) {
+  const fp_problem& p = *info.p;
+  if (fp_status s = check_alignment(p); s != FP_OK) return s;
+  index::PoolParams pool = pool_params(info, config, k_mean, v_mean, nullptr);
+  pool.pooled_keys = pooled_keys;
+  return check_launch(
+      index::launch_pool(pool, p.dtype, p.head_dim, static_cast<cudaStream_t>(p.stream)),
+      "pool");
+}
 
 size_t build_index_workspace(const ProblemInfo& info, const fp_select_config& config) {
   return IndexWorkspace(info, config).total();
@@ -109,23 +145,11 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
   auto* counts = reinterpret_cast<int32_t*>(scratch + ws.k_rounded + ws.mask);
   const index::SeqMeta meta = seq_meta(info);
 
-  index::PoolParams pool;
-  pool.meta = meta;
-  pool.batch = p.batch_size;
-  pool.num_heads_kv = p.num_heads_kv;
-  pool.max_blocks = sizes.max_blocks;
-  pool.block_size = config.block_size;
-  pool.kv[0] = p.k;
-  pool.kv[1] = p.v;
-  pool.stride_page[0] = p.k_stride_page;
-  pool.stride_page[1] = p.v_stride_page;
-  pool.stride_token[0] = p.k_stride_token;
-  pool.stride_token[1] = p.v_stride_token;
-  pool.stride_head[0] = p.k_stride_head;
-  pool.stride_head[1] = p.v_stride_head;
-  pool.mean[0] = index.k_mean;
-  pool.mean[1] = config.mean_correction ? index.v_mean : nullptr;
-  pool.k_rounded = k_rounded;
+  const bool means_pooled = (p.flags & FP_FLAG_MEANS_POOLED) != 0;
+  index::PoolParams pool =
+      pool_params(info, config, index.k_mean,
+                  config.mean_correction && !means_pooled ? index.v_mean : nullptr, k_rounded);
+  pool.all_pooled = means_pooled;
   if (fp_status s = check_launch(index::launch_pool(pool, p.dtype, p.head_dim, stream), "pool");
       s != FP_OK)
     return s;

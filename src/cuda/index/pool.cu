@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) 
   const bool finisher = threadIdx.x < D / kVec;  // threads that write the block's mean
   const int out_col = threadIdx.x * kVec;
   float acc[kVec];
-  if (p.pooled_keys != nullptr && block < p.pooled_keys[b] / p.block_size) {
+  if (p.all_pooled || (p.pooled_keys != nullptr && block < p.pooled_keys[b] / p.block_size)) {
     // Already pooled: keep the mean, refresh only its rounded copy.
     if (rounded == nullptr || !finisher) return;
 #pragma unroll

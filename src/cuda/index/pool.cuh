@@ -24,6 +24,8 @@ struct PoolParams {
   // J < pooled_keys[b] / block_size keep their means (only k_rounded is refreshed from them);
   // the rest, the partial block holding the boundary included, are pooled from K and V.
   const int32_t* pooled_keys = nullptr;
+  // FP_FLAG_MEANS_POOLED: every block is already pooled; only k_rounded is refreshed.
+  bool all_pooled = false;
 };
 
 // Launches the pooling kernel for dtype bf16/fp16 and head_dim 64/128.
