@@ -12,7 +12,7 @@ Rows:
   sparse  fixed block density rho on a random 128x128 block mask (diagonal forced), L = --sparse-length:
           ours with and without mean correction vs FlexAttention on the same mask, and the
           1.15 * rho * dense-time goal.
-  prefill the demo's structured workload (sinks, local band, vertical columns, needles, torch RNG):
+  prefill the demo's structured workload (fp_demo_workload: sinks, local band, vertical columns, needles):
           fp_build_index + fp_sparse_attention (default config) vs FLASH and cuDNN dense.
   batch   B = 4 at 32K, dense; a mixed batch with cached prefixes, dense and sparse.
 
@@ -33,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 FP_CUDA, FP_BF16, FP_CONTIGUOUS = 1, 1, 0
 HQ, HKV, D = 32, 8, 128
 G = HQ // HKV
+DEMO_SEED = 20260823  # the demo's default seed (src/core/workload.hpp)
 
 
 class Problem(ctypes.Structure):
@@ -295,41 +296,17 @@ def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-def structured_workload(L, gen):
-    """The demo workload's structure (cli/workload.cpp) generated with torch's RNG."""
-    q = 0.35 * torch.randn(L, HQ, D, device="cuda", generator=gen)
-    k = 0.35 * torch.randn(L, HKV, D, device="cuda", generator=gen)
-    v = torch.randn(L, HKV, D, device="cuda", generator=gen)
-    unit = math.sqrt(D)
-    band = min(32, D // 2)
-    pos = torch.arange(L, device="cuda", dtype=torch.float64)
-    f = torch.arange(band // 2, device="cuda", dtype=torch.float64)
-    omega = 1.0 / torch.pow(64.0, 1.0 + 2.0 * f / band)
-    amp = math.sqrt(5.0 * unit / (band // 2))
-    ang = pos[:, None] * omega[None]
-    enc = torch.stack([torch.cos(ang), torch.sin(ang)], -1).flatten(1).float() * amp  # [L, band]
-    k[:, :, :band] += enc[:, None]
-    q[:, :, :band] += enc[:, None]
-
-    def direction():
-        u = torch.zeros(D, device="cuda")
-        u[band:] = torch.randn(D - band, device="cuda", generator=gen)
-        return u / u.norm()
-    for h in range(HKV):
-        sink, vertical, needle = direction(), direction(), direction()
-        heads = slice(h * G, (h + 1) * G)
-        k[:4, h] += 3.0 * sink
-        if L > 1024:
-            cols = 1024 + torch.randint(0, L - 1024, (8,), device="cuda", generator=gen)
-            k[cols, h] += 3.0 * vertical
-        if L >= 4096:
-            for _ in range(4):
-                blk = int(torch.randint(0, L // 2 // 64, (1,), generator=gen, device="cuda")) * 64
-                q0 = L // 2 + int(torch.randint(0, L // 2 - 256, (1,), generator=gen, device="cuda"))
-                k[blk:blk + 64, h] += 2.5 * needle
-                q[q0:q0 + 256, heads] += (7.0 * unit / 2.5) * needle
-        q[:, heads] += (5.0 * unit / 3.0) * sink + (4.0 * unit / 3.0) * vertical
-    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+def structured_workload(lib, L):
+    """The demo's workload (fp_demo_workload: sinks, local band, vertical columns, needles), the
+    same inputs `flashprefill demo` runs on."""
+    q = torch.empty(L, HQ, D, dtype=torch.float32)
+    k = torch.empty(L, HKV, D, dtype=torch.float32)
+    v = torch.empty(L, HKV, D, dtype=torch.float32)
+    lib.check(lib.lib.fp_demo_workload(ctypes.c_int32(L), ctypes.c_int32(HQ), ctypes.c_int32(HKV),
+                                       ctypes.c_int32(D), ctypes.c_uint64(DEMO_SEED),
+                                       ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()),
+                                       ctypes.c_void_p(v.data_ptr())))
+    return (t.to("cuda", torch.bfloat16) for t in (q, k, v))
 
 
 def main():
@@ -427,7 +404,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
 
     if group == "prefill":
         for L in [int(x) for x in args.prefill_lengths.split(",")]:
-            q, k, v = structured_workload(L, gen)
+            q, k, v = structured_workload(lib, L)
             b = Batch([L], [L], q, k, v)
             ours = Ours(lib, b)
             cfg = lib.config()
