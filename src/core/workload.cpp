@@ -46,10 +46,17 @@ void add(float* row, const std::vector<float>& u, float amount) {
 void make_workload(const WorkloadShape& s, float* q, float* k, float* v) {
   const int32_t L = s.seqlen, D = s.head_dim, g = s.num_heads_q / s.num_heads_kv;
 
-  // Target logits (after the 1/sqrt(D) scale) of each structure.
-  constexpr float kSinkLogit = 5.f, kVerticalLogit = 4.f, kNeedleLogit = 7.f, kBandLogit = 5.f;
+  // Target logits (after the 1/sqrt(D) scale) of each structure, and the key-side amplitude of
+  // each direction: large keys keep the queries short, so that key noise spreads the logits
+  // inside a block by only ~0.5 (std ~ |q| * kKeyNoise / sqrt(D), |q| ~ 20).
+  constexpr float kSinkLogit = 10.f, kVerticalLogit = 6.f, kNeedleLogit = 7.f, kBandLogit = 6.f;
+  constexpr float kSinkKey = 8.f, kVerticalKey = 6.f, kNeedleKey = 5.f;
+  constexpr float kQueryNoise = 0.5f, kKeyNoise = 0.25f;
+  // The local band is a sum of cosines of the position difference with periods from 256 to
+  // 8192 tokens: peaked at distance 0, smooth inside a block, fluctuating by ~1 far away.
+  constexpr double kShortestPeriod = 256.0, kLongestPeriod = 8192.0;
   const float unit = std::sqrt(float(D));
-  const int32_t band_dims = std::min(32, D / 2);  // dims [0, band_dims) hold the positional kernel
+  const int32_t band_dims = std::min(64, D / 2);  // dims [0, band_dims) hold the positional kernel
   ref::parallel_for(s.num_heads_kv, [&](int64_t head) {
     const int32_t h = int32_t(head);
     Rng rng{s.seed * 0x2545f4914f6cdd1dull + uint64_t(h)};
@@ -60,17 +67,18 @@ void make_workload(const WorkloadShape& s, float* q, float* k, float* v) {
     };
     for (int32_t pos = 0; pos < L; ++pos)
       for (int32_t d = 0; d < D; ++d) {
-        krow(pos)[d] = 0.35f * rng.normal();
+        krow(pos)[d] = kKeyNoise * rng.normal();
         vrow(pos)[d] = rng.normal();
-        for (int32_t r = 0; r < g; ++r) qrow(pos, r)[d] = 0.35f * rng.normal();
+        for (int32_t r = 0; r < g; ++r) qrow(pos, r)[d] = kQueryNoise * rng.normal();
       }
     const std::vector<float> sink = direction(rng, D, band_dims, D);
     const std::vector<float> vertical = direction(rng, D, band_dims, D);
     const std::vector<float> needle = direction(rng, D, band_dims, D);
-    // Local band: sum of cosines of the position difference at low frequencies, peaked at 0.
     for (int32_t pos = 0; pos < L; ++pos)
       for (int32_t f = 0; f < band_dims / 2; ++f) {
-        const double omega = 1.0 / std::pow(64.0, 1.0 + 2.0 * f / band_dims);
+        const double period =
+            kShortestPeriod * std::pow(kLongestPeriod / kShortestPeriod, 2.0 * f / band_dims);
+        const double omega = 6.283185307179586 / period;
         const float c = float(std::cos(omega * pos)), sn = float(std::sin(omega * pos));
         const float amp = std::sqrt(kBandLogit * unit / (band_dims / 2));
         krow(pos)[2 * f] += amp * c;
@@ -81,22 +89,22 @@ void make_workload(const WorkloadShape& s, float* q, float* k, float* v) {
         }
       }
     // Sinks and vertical columns: every query reads them.
-    for (int32_t pos = 0; pos < std::min(L, 4); ++pos) add(krow(pos), sink, 3.f);
+    for (int32_t pos = 0; pos < std::min(L, 4); ++pos) add(krow(pos), sink, kSinkKey);
     std::vector<int32_t> columns;
     for (int32_t c = 0; c < 8 && L > 1024; ++c) columns.push_back(1024 + int32_t(rng.next() % uint64_t(L - 1024)));
-    for (int32_t c : columns) add(krow(c), vertical, 3.f);
-    // Needles: a few far-back 64-token blocks that one later query range retrieves each.
+    for (int32_t c : columns) add(krow(c), vertical, kVerticalKey);
+    // Needles: a few far-back 128-token passages that one later query range retrieves each.
     for (int32_t n = 0; n < 4 && L >= 4096; ++n) {
-      const int32_t block = int32_t(rng.next() % uint64_t(L / 2 / 64)) * 64;
+      const int32_t block = int32_t(rng.next() % uint64_t(L / 2 / 128)) * 128;
       const int32_t q0 = L / 2 + int32_t(rng.next() % uint64_t(L / 2 - 256));
-      for (int32_t pos = block; pos < block + 64; ++pos) add(krow(pos), needle, 2.5f);
+      for (int32_t pos = block; pos < block + 128; ++pos) add(krow(pos), needle, kNeedleKey);
       for (int32_t pos = q0; pos < std::min(L, q0 + 256); ++pos)
-        for (int32_t r = 0; r < g; ++r) add(qrow(pos, r), needle, kNeedleLogit * unit / 2.5f);
+        for (int32_t r = 0; r < g; ++r) add(qrow(pos, r), needle, kNeedleLogit * unit / kNeedleKey);
     }
     for (int32_t pos = 0; pos < L; ++pos)
       for (int32_t r = 0; r < g; ++r) {
-        add(qrow(pos, r), sink, kSinkLogit * unit / 3.f);
-        add(qrow(pos, r), vertical, kVerticalLogit * unit / 3.f);
+        add(qrow(pos, r), sink, kSinkLogit * unit / kSinkKey);
+        add(qrow(pos, r), vertical, kVerticalLogit * unit / kVerticalKey);
       }
   });
 }

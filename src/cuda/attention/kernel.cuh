@@ -25,17 +25,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     barrier(ss.q_loaded).init(Traits::kProducerThreads);
     for (int s = 0; s < Traits::kStages; ++s) {
       barrier(ss.kv_loaded[s]).init(Traits::kProducerThreads);
-      barrier(ss.kv_consumed[s]).init(Traits::kConsumerThreads);
+      barrier(ss.kv_consumed[s]).init(Traits::kConsumerWarps);
     }
   }
   __syncthreads();  // barriers initialized
 
+  const Traversal trav = Traversal::make(p, w);
   if (threadIdx.x < Traits::kProducerThreads) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    Mainloop<Traits>::produce(p, w, Traversal::make(p, w), ss);
+    Mainloop<Traits>::produce(p, w, trav, ss);
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    Mainloop<Traits>::consume(p, w, ss);
+    Mainloop<Traits>::consume(p, w, trav, ss);
   }
 }
 

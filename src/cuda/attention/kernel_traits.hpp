@@ -25,6 +25,7 @@ struct KernelTraits {
   static constexpr int kStages = kHeadDim == 128 ? 3 : 5;
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = 256;
+  static constexpr int kConsumerWarps = kConsumerThreads / 32;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   // setmaxnreg budgets: the consumers' increase must fit in what the producer releases from the
   // launch allocation (65536 / 384 rounded down to 168 per thread), or setmaxnreg.inc waits forever.
@@ -60,16 +61,11 @@ struct KernelTraits {
   using LayoutP = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>,
                          Stride<Stride<_1, _2, _4>, _0, _8>>;
 
-  // What a stage holds; the producer writes it before the stage's full barrier.
-  enum StageKind : int32_t { kExactTile = 0, kMeanWindow = 1, kEnd = 2 };
-
   struct SharedStorage {
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
     float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| or -inf (Eq. 6)
-    int32_t stage_kind[kStages];
-    int32_t stage_tile[kStages][kTilesPerStage];  // exact: tile ids (-1: empty half)
     alignas(8) uint64_t q_loaded;
     uint64_t kv_loaded[kStages];
     uint64_t kv_consumed[kStages];

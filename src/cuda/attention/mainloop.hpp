@@ -1,8 +1,7 @@
-// The two roles of the warp-specialized mainloop. The producer warpgroup walks the traversal
-// and fills shared-memory stages (exact KV tiles by cp.async through KvAddress, mean windows by
-// converting the pooled means); each stage carries its kind so that both roles follow one
-// sequence. The consumer warpgroups run S = Q K^T, the mask or mean shift, the online softmax
-// and O += P V on wgmma for every stage, then the epilogue.
+// The two roles of the warp-specialized mainloop. Both walk the same StageSequence. The producer
+// warpgroup fills shared-memory stages (exact KV tiles by cp.async through KvAddress, mean
+// windows by converting the pooled means); the consumer warpgroups run S = Q K^T, the mask or
+// mean shift, the online softmax and O += P V on wgmma for every stage, then the epilogue.
 #pragma once
 
 #include <cmath>
@@ -63,6 +62,9 @@ struct Mainloop {
   using Storage = typename Traits::SharedStorage;
   static constexpr int kStages = Traits::kStages;
 
+  // Exact stages are published by cp.async.mbarrier.arrive.noinc: each producer thread's arrival
+  // fires when its own copies land, so the producer never waits on a copy and runs ahead by up to
+  // kStages stages. Mean windows are written with ordinary stores and published by a fenced arrive.
   __device__ static void produce(const AttentionParams& p, const WorkTile& w,
                                  const Traversal& trav, Storage& ss) {
     using namespace cute;
@@ -73,62 +75,38 @@ struct Mainloop {
     const TileLoader<Traits> loader{p, w, thread};
 
     loader.load_q(sQ);
-    cp_async_commit();
-
-    StageCursor<kStages> cur;
-    int pending = -1;  // the stage whose copies are still in flight
-    auto open_stage = [&](int32_t kind, int32_t tile0, int32_t tile1) {
-      barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
-      if (thread == 0) {
-        ss.stage_kind[cur.index] = kind;
-        ss.stage_tile[cur.index][0] = tile0;
-        ss.stage_tile[cur.index][1] = tile1;
-      }
-    };
-    // Publishes the previous stage once its copies (and this thread's Q copies) have landed.
-    auto close_stage = [&]() {
-      cp_async_commit();
-      cp_async_wait<1>();
-      cutlass::arch::fence_view_async_shared();  // cp.async and st.shared -> wgmma reads
-      barrier(pending < 0 ? ss.q_loaded : ss.kv_loaded[pending]).arrive();
-      pending = cur.index;
-      cur.advance();
-    };
+    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
 
     const BlockGeometry blocks{p.block_size, w.seq.len_kv};
-    int32_t i = trav.first;
-    while (i < trav.last) {
-      if (trav.is_exact(i)) {
-        // Two listed tiles per stage, read before waiting for the stage to drain (Eq. 17).
-        const int32_t t0 = trav.next_exact(p, i);
-        if (t0 < 0) continue;
-        const int32_t t1 = trav.next_exact(p, i);
-        open_stage(Traits::kExactTile, t0, t1);
-        loader.load_kv_tile(sK, sVt, t0, 0, cur.index);
-        loader.load_kv_tile(sK, sVt, t1, 1, cur.index);
+    StageSequence sequence(trav);
+    StageCursor<kStages> cur;
+    // The next stage's tile ids are read from the index before waiting for its buffer (Eq. 17).
+    for (Stage stage = sequence.next(p); stage.kind != StageKind::kEnd;
+         stage = sequence.next(p), cur.advance()) {
+      barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
+      if (stage.kind == StageKind::kExactTiles) {
+        loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
+        loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
+        cutlass::arch::cpasync_barrier_arrive_noinc(&ss.kv_loaded[cur.index]);
       } else {
-        const int32_t first_block = trav.window_first_block(i++);
-        open_stage(Traits::kMeanWindow, first_block, -1);
-        loader.load_mean_window(sK, sVt, first_block, trav.visible_blocks, cur.index);
+        loader.load_mean_window(sK, sVt, stage.first_block, trav.visible_blocks, cur.index);
         for (int c = thread; c < Traits::kBlockN; c += Traits::kProducerThreads) {
-          const int32_t j = first_block + c;
+          const int32_t j = stage.first_block + c;
           const bool surrogate = j < trav.visible_blocks && block_unlisted(p, trav, blocks, j);
           ss.column_bias[cur.index][c] =
               surrogate ? log2f(float(blocks.count(j))) : -INFINITY;  // Eq. 6: log |B_J|
         }
+        cutlass::arch::fence_view_async_shared();  // st.shared -> wgmma reads
+        barrier(ss.kv_loaded[cur.index]).arrive();
       }
-      close_stage();
     }
-    open_stage(Traits::kEnd, -1, -1);
-    close_stage();
-    cp_async_wait<0>();
-    cutlass::arch::fence_view_async_shared();
-    barrier(ss.kv_loaded[pending]).arrive();
+    cp_async_wait_all();  // no copy outlives its issuing thread
   }
 
   // Intra-warpgroup overlap (Eq. 14): while the softmax of stage n runs on the CUDA cores, the
   // tensor cores finish P_{n-1} V_{n-1}; S_n = Q K_n is issued before both.
-  __device__ static void consume(const AttentionParams& p, const WorkTile& w, Storage& ss) {
+  __device__ static void consume(const AttentionParams& p, const WorkTile& w,
+                                 const Traversal& trav, Storage& ss) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
@@ -167,13 +145,23 @@ struct Mainloop {
     const int32_t pmin = w.seq.pmin(w.tile);
 
     // S -> logits for the stage's kind: mask exact tiles, shift mean windows.
-    auto to_logits = [&](int stage, int32_t kind) {
-      if (kind == Traits::kExactTile) {
-        const int32_t tiles[2] = {ss.stage_tile[stage][0], ss.stage_tile[stage][1]};
+    auto to_logits = [&](int buffer, const Stage& stage) {
+      if (stage.kind == StageKind::kExactTiles) {
+        const int32_t tiles[2] = {stage.tile0, stage.tile1};
         scale_and_mask_exact(s, s_coord, tiles, pos, p.scale_log2, stage_needs_mask(tiles, pmin));
       } else {
-        scale_and_shift_means(s, s_coord, ss.column_bias[stage], p.scale_log2);
+        scale_and_shift_means(s, s_coord, ss.column_bias[buffer], p.scale_log2);
       }
+    };
+    // The stage's data has landed (cp.async or fenced stores) before its wgmma reads it.
+    auto wait_loaded = [&](int buffer, uint32_t phase) {
+      barrier(ss.kv_loaded[buffer]).wait(phase);
+      cutlass::arch::fence_view_async_shared();
+    };
+    // One arrival per consumer warp once the warp's wgmmas no longer read the buffer.
+    auto release = [&](int buffer) {
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) barrier(ss.kv_consumed[buffer]).arrive();
     };
     auto to_p = [&]() {
       CUTE_UNROLL
@@ -183,36 +171,39 @@ struct Mainloop {
     clear(tOrO);
     OnlineSoftmax softmax;
     float factors[2];
+    StageSequence sequence(trav);
+    Stage stage = sequence.next(p);
     barrier(ss.q_loaded).wait(0);
+    cutlass::arch::fence_view_async_shared();
     StageCursor<kStages> cur;
-    barrier(ss.kv_loaded[cur.index]).wait(cur.phase);
-    int32_t kind = ss.stage_kind[cur.index];
-    if (kind != Traits::kEnd) {
+    if (stage.kind != StageKind::kEnd) {
+      Stage next = sequence.next(p);  // prefetched: its index loads overlap this stage's math
+      wait_loaded(cur.index, cur.phase);
       wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
       warpgroup_wait<0>();
-      to_logits(cur.index, kind);
+      to_logits(cur.index, stage);
       softmax.update(s, factors);
       to_p();
       int prev = cur.index;
-      for (;;) {
+      while (next.kind != StageKind::kEnd) {
+        stage = next;
+        next = sequence.next(p);
         cur.advance();
-        barrier(ss.kv_loaded[cur.index]).wait(cur.phase);
-        kind = ss.stage_kind[cur.index];
-        if (kind == Traits::kEnd) break;
+        wait_loaded(cur.index, cur.phase);
         wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
         wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
         warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
-        to_logits(cur.index, kind);
+        to_logits(cur.index, stage);
         softmax.update(s, factors);
         warpgroup_wait<0>();
-        barrier(ss.kv_consumed[prev]).arrive();
+        release(prev);
         OnlineSoftmax::rescale(o, factors);
         to_p();
         prev = cur.index;
       }
       wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
       warpgroup_wait<0>();
-      barrier(ss.kv_consumed[prev]).arrive();
+      release(prev);
     }
     float lse[2];
     softmax.finalize(o, lse);

@@ -21,11 +21,7 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
                "r"(src_bytes));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
-}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
 template <class Traits>
 struct TileLoader {
@@ -58,24 +54,30 @@ struct TileLoader {
   }
 
   // KV tile t: keys [64 t, 64 t + 64) of the request into rows [64 half, 64 half + 64) of stage
-  // `stage`; t < 0 zero-fills them.
+  // `stage`; t < 0 zero-fills them. A thread copies one 16-byte column chunk of every
+  // kRowStep-th row, so its addresses advance by constant strides.
   template <class SmemK, class SmemVt>
   __device__ void load_kv_tile(SmemK& sK, SmemVt& sVt, int32_t t, int half, int stage) const {
-    const Element* k = static_cast<const Element*>(p.k);
-    const Element* v = static_cast<const Element*>(p.v);
-    for (int c = thread; c < kKvTile * kChunksPerRow; c += kThreads) {
-      const int tile_row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
-      const int row = half * kKvTile + tile_row;
-      const int32_t j = t * kKvTile + tile_row;
+    static_assert(kThreads % kChunksPerRow == 0);
+    constexpr int kRowStep = kThreads / kChunksPerRow;
+    constexpr int kIters = kKvTile / kRowStep;
+    const int r0 = thread / kChunksPerRow, col = (thread % kChunksPerRow) * kChunk;
+    const int row0 = half * kKvTile + r0;
+    Element* k_dst = &sK(row0, col, stage);
+    Element* v_dst = &sVt(col, row0, stage);
+    const int64_t k_dst_step = &sK(row0 + kRowStep, col, stage) - k_dst;
+    const int64_t v_dst_step = &sVt(col, row0 + kRowStep, stage) - v_dst;
+    const Element* k = static_cast<const Element*>(p.k) + int64_t(w.h) * p.k_stride_head + col;
+    const Element* v = static_cast<const Element*>(p.v) + int64_t(w.h) * p.v_stride_head + col;
+    const int32_t j0 = t * kKvTile + r0;
+    CUTE_UNROLL
+    for (int i = 0; i < kIters; ++i) {
+      const int32_t j = j0 + i * kRowStep;
       const bool valid = t >= 0 && j < w.seq.len_kv;
-      const Element* k_src = k;
-      const Element* v_src = v;
-      if (valid) {
-        k_src = k + w.k_addr.offset(j) + int64_t(w.h) * p.k_stride_head + col;  // Eq. 22
-        v_src = v + w.v_addr.offset(j) + int64_t(w.h) * p.v_stride_head + col;
-      }
-      cp_async_16(&sK(row, col, stage), k_src, valid);
-      cp_async_16(&sVt(col, row, stage), v_src, valid);
+      const Element* k_src = valid ? k + w.k_addr.offset(j) : k;  // Eq. 22
+      const Element* v_src = valid ? v + w.v_addr.offset(j) : v;
+      cp_async_16(k_dst + i * k_dst_step, k_src, valid);
+      cp_async_16(v_dst + i * v_dst_step, v_src, valid);
     }
   }
 

@@ -75,6 +75,42 @@ struct Traversal {
   }
 };
 
+enum class StageKind : int32_t { kExactTiles, kMeanWindow, kEnd };
+
+// One pipeline stage: two exact tiles (tile1 = -1 when the stage holds only one), or a mean
+// window of kWindowBlocks blocks starting at first_block.
+struct Stage {
+  StageKind kind = StageKind::kEnd;
+  int32_t tile0 = -1, tile1 = -1;
+  int32_t first_block = 0;
+};
+
+// The stages of one split, in order. Producer and consumers each walk their own copy, so both
+// evaluate the same sequence from the index without exchanging it through shared memory.
+struct StageSequence {
+  const Traversal& trav;
+  int32_t i;
+
+  __device__ explicit StageSequence(const Traversal& t) : trav(t), i(t.first) {}
+
+  __device__ Stage next(const AttentionParams& p) {
+    Stage s;
+    while (i < trav.last) {
+      if (!trav.is_exact(i)) {
+        s.kind = StageKind::kMeanWindow;
+        s.first_block = trav.window_first_block(i++);
+        return s;
+      }
+      s.tile0 = trav.next_exact(p, i);
+      if (s.tile0 < 0) continue;
+      s.tile1 = trav.next_exact(p, i);
+      s.kind = StageKind::kExactTiles;
+      return s;
+    }
+    return s;
+  }
+};
+
 // True when no listed tile of the segment falls in block j: the block gets a surrogate key.
 // The segment's ids ascend, so a binary search finds the first id at or after the block.
 __device__ inline bool block_unlisted(const AttentionParams& p, const Traversal& t,
