@@ -18,13 +18,13 @@ repository this package sits in, else the system library path.
 from ._index import Index, IndexSizes, SelectConfig
 from ._lib import KV_TILE, TILE_ROWS, FlashPrefillError, Status, version
 from ._problem import PagedKV
-from .api import (build_index, cuda_available, dense_attention, index_sizes, prefill,
+from .api import (build_index, cuda_available, dense_attention, index_sizes, pool_kv, prefill,
                   sparse_attention)
 
 __version__ = version()
 
 __all__ = [
     "FlashPrefillError", "Index", "IndexSizes", "KV_TILE", "PagedKV", "SelectConfig", "Status",
-    "TILE_ROWS", "build_index", "cuda_available", "dense_attention", "index_sizes", "prefill",
-    "sparse_attention",
+    "TILE_ROWS", "build_index", "cuda_available", "dense_attention", "index_sizes", "pool_kv",
+    "prefill", "sparse_attention",
 ]

@@ -16,6 +16,7 @@ VERSION = (0, 1, 0)
 TILE_ROWS = 128   # FP_TILE_ROWS: packed rows of a PackGQA query tile
 KV_TILE = 64      # FP_KV_TILE: tokens of a physical KV tile
 FLAG_VALIDATE_DEVICE_METADATA = 1
+FLAG_MEANS_POOLED = 2
 
 _SETUP_HINT = ("build it with `bash scripts/setup.sh` (it writes build/libflashprefill.so), or "
                "set FLASHPREFILL_LIB to the path of libflashprefill.so")
@@ -177,6 +178,8 @@ _PROTOTYPES = {
     "fp_dense_attention": (_c_enum, [_P(Problem), _P(Output), ctypes.c_void_p, ctypes.c_size_t]),
     "fp_index_density": (_c_enum, [_P(Problem), _P(SelectConfig), _P(Index),
                                    _P(ctypes.c_double)]),
+    "fp_pool_kv": (_c_enum, [_P(Problem), _P(SelectConfig), ctypes.c_void_p, ctypes.c_void_p,
+                             ctypes.c_void_p]),
 }
 
 

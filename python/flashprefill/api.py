@@ -71,22 +71,28 @@ def _workspace(problem, query, *args):
     return _arrays.Workspace(problem.q, nbytes.value)
 
 
-def _build_index(problem, config):
+def _means_shape(problem, config):
+    c = problem.c
+    return (c.batch_size, c.num_heads_kv, query_sizes(problem, config).max_blocks, c.head_dim)
+
+
+def _build_index(problem, config, means=None):
     q = problem.q
     sizes = query_sizes(problem, config)
-    c = problem.c
-    means_shape = (c.batch_size, c.num_heads_kv, sizes.max_blocks, c.head_dim)
+    if means is None:
+        shape = _means_shape(problem, config)
+        means = (_arrays.empty(q, shape, "float32"),
+                 _arrays.empty(q, shape, "float32") if config.mean_correction else None)
+    else:
+        problem.c.flags |= _lib.FLAG_MEANS_POOLED
     index = Index(cu=_arrays.empty(q, (sizes.num_segments + 1,), "int32"),
                   idx=_arrays.empty(q, (sizes.idx_capacity,), "int32"),
-                  k_mean=_arrays.empty(q, means_shape, "float32"),
-                  v_mean=_arrays.empty(q, means_shape, "float32") if config.mean_correction
-                  else None,
-                  config=config)
+                  k_mean=means[0], v_mean=means[1], config=config)
     c_index = index_struct(index, problem)
     c_config = config.to_c()
     workspace = _workspace(problem, "fp_build_index_workspace_size", ctypes.byref(c_config))
     with problem.guard():
-        _lib.call("fp_build_index", ctypes.byref(c), ctypes.byref(c_config),
+        _lib.call("fp_build_index", ctypes.byref(problem.c), ctypes.byref(c_config),
                   ctypes.byref(c_index), workspace.ptr, workspace.nbytes)
     index._problem = problem
     return index
@@ -185,7 +191,7 @@ def dense_attention(q, k, v=None, softmax_scale=None, cu_seqlens_q=None, cu_seql
 
 def build_index(q, k, v=None, config=None, softmax_scale=None, cu_seqlens_q=None,
                 cu_seqlens_k=None, *, max_seqlen_q=None, max_seqlen_k=None,
-                validate_metadata=True):
+                validate_metadata=True, means=None):
     """Index stage: pool K/V block means, score and select blocks, write the CSR (Eq. 5, 19-20).
 
     Args:
@@ -196,6 +202,8 @@ def build_index(q, k, v=None, config=None, softmax_scale=None, cu_seqlens_q=None
         softmax_scale: None means 1 / sqrt(D) (it scales the block scores).
         cu_seqlens_q, cu_seqlens_k: [B + 1] integer; None means one request.
         max_seqlen_q, max_seqlen_k, validate_metadata: see help(flashprefill.api).
+        means: None pools K/V here; or (k_mean, v_mean) kept current by pool_kv(), which the
+            index then uses as they are (FP_FLAG_MEANS_POOLED: only scoring and selection run).
 
     Returns:
         An Index in q's place: cu [num_segments + 1] int32, idx [idx_capacity] int32,
@@ -204,7 +212,57 @@ def build_index(q, k, v=None, config=None, softmax_scale=None, cu_seqlens_q=None
     """
     problem = build_problem(q, k, v, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                             max_seqlen_k, validate_metadata)
-    return _build_index(problem, SelectConfig() if config is None else config)
+    return _build_index(problem, SelectConfig() if config is None else config, means)
+
+
+def pool_kv(q, k, v=None, config=None, means=None, pooled_keys=None, cu_seqlens_q=None,
+            cu_seqlens_k=None, *, max_seqlen_q=None, max_seqlen_k=None, validate_metadata=True):
+    """Incremental pooling of K/V block means for chunked prefill (fp_pool_kv, Eq. 5).
+
+    A serving engine keeps the means beside its KV cache: each chunk pools only the blocks from
+    pooled_keys[b] // block_size on (the partial block at the boundary is pooled again), then
+    passes the means to build_index(..., means=...), which skips pooling.
+
+    Args:
+        q, k, v, cu_seqlens_q, cu_seqlens_k: the chunk's problem, as for build_index (the
+            queries only size the problem; pooling reads k and v).
+        config: a SelectConfig (its block_size and mean_correction); None means SelectConfig().
+        means: (k_mean, v_mean) float32 [B, Hkv, max_blocks, D], contiguous, in q's place, to
+            update in place; None allocates them (and pools every block). v_mean is None when
+            mean correction is off.
+        pooled_keys: [B] integers, keys of each request already pooled (0 <= pooled_keys[b]
+            <= L_kv(b)); None pools every block.
+
+    Returns:
+        (k_mean, v_mean).
+    """
+    problem = build_problem(q, k, v, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                            max_seqlen_k, validate_metadata)
+    config = SelectConfig() if config is None else config
+    shape = _means_shape(problem, config)
+    if means is None:
+        means = (_arrays.empty(problem.q, shape, "float32"),
+                 _arrays.empty(problem.q, shape, "float32") if config.mean_correction else None)
+    ptrs = []
+    for name, m in zip(("k_mean", "v_mean"), means):
+        if m is None:
+            ptrs.append(None)
+            continue
+        a = _arrays.Array(m, name)
+        _arrays.require_same_place(problem.q, a)
+        _arrays.require(a, "float32", shape)
+        ptrs.append(a.ptr)
+    done = None
+    if pooled_keys is not None:
+        done, _ = _arrays.int32_metadata(pooled_keys, problem.q, "pooled_keys")
+        if done.shape != (problem.c.batch_size,):
+            raise ValueError(f"pooled_keys: expected shape [B = {problem.c.batch_size}], got "
+                             f"{done.shape}")
+    c_config = config.to_c()
+    with problem.guard():
+        _lib.call("fp_pool_kv", ctypes.byref(problem.c), ctypes.byref(c_config), ptrs[0],
+                  ptrs[1], None if done is None else done.ptr)
+    return means
 
 
 def sparse_attention(q, k, v=None, index=None, softmax_scale=None, cu_seqlens_q=None,
