@@ -134,3 +134,24 @@ def test_cuda_paged_and_index(rng):
     seqlens = torch.tensor([length], dtype=torch.int32, device="cuda")
     paged = fp.sparse_attention(q, fp.PagedKV(k_cache, v_cache, table, seqlens), index=index)
     assert rel_l2(paged.float().cpu(), contiguous.float().cpu()) <= 1e-3
+
+
+@needs_cuda
+def test_cuda_chunked_pooling_equals_full_pooling(rng):
+    arrays = structured_qkv(rng, 600, 1000, 8, 2, 128)
+    q, k, v = to_torch(arrays, device="cuda", dtype=torch.bfloat16)
+    config = fp.SelectConfig()
+    fresh = fp.build_index(q, k, v, config=config)
+    first = fp.pool_kv(q[300:400], k[:400], v[:400], config=config)
+    sized = (torch.zeros_like(fresh.k_mean), torch.zeros_like(fresh.v_mean))
+    for dst, src in zip(sized, first):
+        dst[:, :, :src.shape[2]] = src
+    means = fp.pool_kv(q, k, v, config=config, means=sized,
+                       pooled_keys=torch.tensor([400], device="cuda"))
+    used = (1000 + 127) // 128
+    for got, want in zip(means, (fresh.k_mean, fresh.v_mean)):
+        assert torch.equal(got[:, :, :used], want[:, :, :used])
+    reused = fp.build_index(q, k, v, config=config, means=means)
+    assert torch.equal(reused.cu, fresh.cu)
+    n = int(fresh.cu[-1])
+    assert torch.equal(reused.idx[:n], fresh.idx[:n])
