@@ -30,52 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from fp_abi import Problem, SelectConfig, Index, IndexSizes, Output
+
 FP_CUDA, FP_BF16, FP_CONTIGUOUS = 1, 1, 0
 HQ, HKV, D = 32, 8, 128
 G = HQ // HKV
 DEMO_SEED = 20260823  # the demo's default seed (src/core/workload.hpp)
-
-
-class Problem(ctypes.Structure):
-    _fields_ = [
-        ("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("flags", ctypes.c_uint32),
-        ("dtype", ctypes.c_int), ("batch_size", ctypes.c_int32),
-        ("num_heads_q", ctypes.c_int32), ("num_heads_kv", ctypes.c_int32),
-        ("head_dim", ctypes.c_int32), ("softmax_scale", ctypes.c_float),
-        ("q", ctypes.c_void_p), ("q_stride_token", ctypes.c_int64),
-        ("q_stride_head", ctypes.c_int64), ("total_q", ctypes.c_int64),
-        ("cu_seqlens_q", ctypes.c_void_p), ("max_seqlen_q", ctypes.c_int32),
-        ("kv_layout", ctypes.c_int), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
-        ("k_stride_page", ctypes.c_int64), ("k_stride_token", ctypes.c_int64),
-        ("k_stride_head", ctypes.c_int64), ("v_stride_page", ctypes.c_int64),
-        ("v_stride_token", ctypes.c_int64), ("v_stride_head", ctypes.c_int64),
-        ("max_seqlen_k", ctypes.c_int32), ("total_k", ctypes.c_int64),
-        ("cu_seqlens_k", ctypes.c_void_p), ("num_pages", ctypes.c_int32),
-        ("page_size", ctypes.c_int32), ("page_table", ctypes.c_void_p),
-        ("max_pages_per_seq", ctypes.c_int32), ("seqlens_k", ctypes.c_void_p),
-    ]
-
-
-class SelectConfig(ctypes.Structure):
-    _fields_ = [("block_size", ctypes.c_int32), ("alpha", ctypes.c_float),
-                ("sink_tokens", ctypes.c_int32), ("window_tokens", ctypes.c_int32),
-                ("dense_recent_tiles", ctypes.c_int32), ("mean_correction", ctypes.c_int32)]
-
-
-class Index(ctypes.Structure):
-    _fields_ = [("cu", ctypes.c_void_p), ("idx", ctypes.c_void_p), ("k_mean", ctypes.c_void_p),
-                ("v_mean", ctypes.c_void_p), ("idx_capacity", ctypes.c_int64)]
-
-
-class IndexSizes(ctypes.Structure):
-    _fields_ = [("num_segments", ctypes.c_int64), ("max_q_tiles", ctypes.c_int32),
-                ("max_blocks", ctypes.c_int32), ("idx_capacity", ctypes.c_int64),
-                ("mean_elements", ctypes.c_int64)]
-
-
-class Output(ctypes.Structure):
-    _fields_ = [("out", ctypes.c_void_p), ("out_stride_token", ctypes.c_int64),
-                ("out_stride_head", ctypes.c_int64), ("lse", ctypes.c_void_p)]
 
 
 class Lib:
