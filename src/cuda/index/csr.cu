@@ -1,6 +1,10 @@
 // Stage 1c. The scan is one CTA walking the counts in 4096-entry steps (the segment count is
-// small next to the scoring work); the emit pass gives each segment one warp.
+// small next to the scoring work); the emit pass gives each segment one warp. Both launch behind
+// their producer (programmatic dependent launch) and wait for it before reading its output.
 #include "cuda/index/csr.cuh"
+
+#include "cuda/index/dependent_launch.cuh"
+#include "cuda/index/ptx.cuh"
 
 namespace flashprefill::cuda::index {
 namespace {
@@ -13,6 +17,8 @@ constexpr uint32_t kFullMask = 0xffffffffu;
 __global__ void __launch_bounds__(kScanThreads) scan_kernel(const int32_t* counts, int32_t* cu,
                                                             int64_t n) {
   __shared__ int32_t warp_totals[kScanThreads / 32];
+  allow_dependent_launch();
+  wait_for_prior_grid();  // counts_ready
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   int32_t carry = 0;
   if (tid == 0) cu[0] = 0;
@@ -55,6 +61,7 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const int32_t* count
 }
 
 __global__ void __launch_bounds__(kEmitWarps * 32) emit_kernel(const EmitParams p) {
+  wait_for_prior_grid();  // offsets_ready: cu is scanned (and the counts and masks written)
   const int lane = threadIdx.x % 32;
   const int64_t segment = int64_t(blockIdx.x) * kEmitWarps + threadIdx.x / 32;
   if (segment >= p.num_segments || p.counts[segment] == 0) return;
@@ -86,15 +93,15 @@ __global__ void __launch_bounds__(kEmitWarps * 32) emit_kernel(const EmitParams 
 
 cudaError_t launch_scan(const int32_t* counts, int32_t* cu, int64_t num_segments,
                         cudaStream_t stream) {
-  scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, cu, num_segments);
-  return cudaGetLastError();
+  return launch_dependent(scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, counts, cu,
+                          num_segments);
 }
 
 cudaError_t launch_emit(const EmitParams& params, cudaStream_t stream) {
   if (params.num_segments == 0) return cudaSuccess;
   const int64_t grid = (params.num_segments + kEmitWarps - 1) / kEmitWarps;
-  emit_kernel<<<dim3(unsigned(grid)), kEmitWarps * 32, 0, stream>>>(params);
-  return cudaGetLastError();
+  return launch_dependent(emit_kernel, dim3(unsigned(grid)), dim3(kEmitWarps * 32), 0, stream,
+                          params);
 }
 
 }  // namespace flashprefill::cuda::index
