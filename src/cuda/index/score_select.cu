@@ -115,6 +115,8 @@ __device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u,
   const int32_t packed_rows = group * u.seq.len_q;
   const T* q = static_cast<const T*>(p.q);
   const int32_t q_first = p.meta.cu_seqlens_q[u.b];
+  // Kept rolled: the next unit's tile is issued while this unit's Q fragments hold their registers.
+#pragma unroll 1
   for (int v = threadIdx.x; v < kTileRows * L::kRowVecs; v += kThreads) {
     const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
     const int32_t packed = row0 + r;
@@ -138,7 +140,7 @@ __device__ __forceinline__ void load_k_chunk(const ScoreParams& p, const Unit& u
   using L = Layout<D>;
   const T* k_bar = static_cast<const T*>(p.k_rounded) +
                    (int64_t(u.b) * p.num_heads_kv + u.h) * p.max_blocks * D;
-  // Kept rolled: the next unit's chunk is issued while the Q fragments hold 64 registers.
+  // Kept rolled, as in load_q_tile.
 #pragma unroll 1
   for (int v = threadIdx.x; v < kChunk * L::kRowVecs; v += kThreads) {
     const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
