@@ -84,14 +84,21 @@ struct Unit {
     segment = segment_id(b, h, tile, p.num_heads_kv, p.max_q_tiles);
   }
   __device__ bool empty() const { return tile >= num_tiles; }
-  // The recent rule and alpha = 0 select every candidate: no scoring needed.
-  __device__ bool dense(const ScoreParams& p) const {
-    return tile >= num_tiles - p.rules.dense_recent_tiles || p.alpha == 0.f;
-  }
   // Candidate blocks J <= pmax(I) / bs of a non-empty unit.
   __device__ int32_t candidates(const ScoreParams& p) const {
     const BlockGeometry blocks{p.block_size, seq.len_kv};
     return min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);
+  }
+  // A non-empty unit that selects every candidate whatever the energies needs no scoring: alpha
+  // = 0, or every candidate forced (Eq. 20). Blocks J < ceil(sink / bs) are sink blocks; past
+  // them the recent, diagonal and window rules only become truer as J grows (end_J rises), so
+  // the first block past the sink decides for every later one.
+  __device__ bool dense(const ScoreParams& p) const {
+    if (p.alpha == 0.f) return true;
+    const int64_t past_sink = ceil_div(max(p.rules.sink_tokens, 0), p.block_size);
+    if (past_sink >= candidates(p)) return true;
+    const BlockGeometry blocks{p.block_size, seq.len_kv};
+    return p.rules.forced(blocks, int32_t(past_sink), seq.pmin(tile), tile, num_tiles);
   }
 };
 
