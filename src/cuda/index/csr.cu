@@ -61,13 +61,16 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const int32_t* count
 }
 
 __global__ void __launch_bounds__(kEmitWarps * 32) emit_kernel(const EmitParams p) {
-  wait_for_prior_grid();  // offsets_ready: cu is scanned (and the counts and masks written)
   const int lane = threadIdx.x % 32;
   const int64_t segment = int64_t(blockIdx.x) * kEmitWarps + threadIdx.x / 32;
-  if (segment >= p.num_segments || p.counts[segment] == 0) return;
+  if (segment >= p.num_segments) return;
   const int32_t tile = int32_t(segment % p.max_q_tiles);
   const int32_t b = int32_t(segment / p.max_q_tiles / p.num_heads_kv);
-  const SeqGeometry seq = p.meta.seq(b);
+  const SeqGeometry seq = p.meta.seq(b);  // the caller's metadata: readable before the wait
+  wait_for_prior_grid();  // offsets_ready: cu is scanned (and the counts and masks written)
+  const int32_t count = p.counts[segment];
+  int64_t slot = p.cu[segment];
+  if (count == 0) return;
   const BlockGeometry blocks{p.block_size, seq.len_kv};
   const int32_t candidates = min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);
   const int32_t causal_tiles = seq.causal_tiles(tile);
@@ -75,7 +78,6 @@ __global__ void __launch_bounds__(kEmitWarps * 32) emit_kernel(const EmitParams 
   const uint32_t* mask = p.mask + segment * p.mask_words;
   // Every selected block but the last candidate holds tiles_per_block tiles, so a block's
   // first slot is its rank among the selected blocks times tiles_per_block.
-  int64_t slot = p.cu[segment];
   for (int32_t word = 0; word * 32 < candidates; ++word) {
     const uint32_t bits = mask[word];
     if (bits >> lane & 1u) {
