@@ -1,10 +1,6 @@
 // Stage 1c. The scan is one CTA walking the counts in 4096-entry steps (the segment count is
-// small next to the scoring work); the emit pass gives each segment one warp. Both launch behind
-// their producer (programmatic dependent launch) and wait for it before reading its output.
+// small next to the scoring work); the emit pass gives each segment one warp.
 #include "cuda/index/csr.cuh"
-
-#include "cuda/index/dependent_launch.cuh"
-#include "cuda/index/ptx.cuh"
 
 namespace flashprefill::cuda::index {
 namespace {
@@ -17,8 +13,6 @@ constexpr uint32_t kFullMask = 0xffffffffu;
 __global__ void __launch_bounds__(kScanThreads) scan_kernel(const int32_t* counts, int32_t* cu,
                                                             int64_t n) {
   __shared__ int32_t warp_totals[kScanThreads / 32];
-  allow_dependent_launch();
-  wait_for_prior_grid();  // counts_ready
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   int32_t carry = 0;
   if (tid == 0) cu[0] = 0;
@@ -63,14 +57,10 @@ __global__ void __launch_bounds__(kScanThreads) scan_kernel(const int32_t* count
 __global__ void __launch_bounds__(kEmitWarps * 32) emit_kernel(const EmitParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t segment = int64_t(blockIdx.x) * kEmitWarps + threadIdx.x / 32;
-  if (segment >= p.num_segments) return;
+  if (segment >= p.num_segments || p.counts[segment] == 0) return;
   const int32_t tile = int32_t(segment % p.max_q_tiles);
   const int32_t b = int32_t(segment / p.max_q_tiles / p.num_heads_kv);
-  const SeqGeometry seq = p.meta.seq(b);  // the caller's metadata: readable before the wait
-  wait_for_prior_grid();  // offsets_ready: cu is scanned (and the counts and masks written)
-  const int32_t count = p.counts[segment];
-  int64_t slot = p.cu[segment];
-  if (count == 0) return;
+  const SeqGeometry seq = p.meta.seq(b);
   const BlockGeometry blocks{p.block_size, seq.len_kv};
   const int32_t candidates = min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);
   const int32_t causal_tiles = seq.causal_tiles(tile);
@@ -78,6 +68,7 @@ __global__ void __launch_bounds__(kEmitWarps * 32) emit_kernel(const EmitParams 
   const uint32_t* mask = p.mask + segment * p.mask_words;
   // Every selected block but the last candidate holds tiles_per_block tiles, so a block's
   // first slot is its rank among the selected blocks times tiles_per_block.
+  int64_t slot = p.cu[segment];
   for (int32_t word = 0; word * 32 < candidates; ++word) {
     const uint32_t bits = mask[word];
     if (bits >> lane & 1u) {
@@ -95,15 +86,15 @@ __global__ void __launch_bounds__(kEmitWarps * 32) emit_kernel(const EmitParams 
 
 cudaError_t launch_scan(const int32_t* counts, int32_t* cu, int64_t num_segments,
                         cudaStream_t stream) {
-  return launch_dependent(scan_kernel, dim3(1), dim3(kScanThreads), 0, stream, counts, cu,
-                          num_segments);
+  scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, cu, num_segments);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_emit(const EmitParams& params, cudaStream_t stream) {
   if (params.num_segments == 0) return cudaSuccess;
   const int64_t grid = (params.num_segments + kEmitWarps - 1) / kEmitWarps;
-  return launch_dependent(emit_kernel, dim3(unsigned(grid)), dim3(kEmitWarps * 32), 0, stream,
-                          params);
+  emit_kernel<<<dim3(unsigned(grid)), kEmitWarps * 32, 0, stream>>>(params);
+  return cudaGetLastError();
 }
 
 }  // namespace flashprefill::cuda::index

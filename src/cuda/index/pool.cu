@@ -34,7 +34,6 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) 
   using Shape = PoolShape<T, D>;
   constexpr int kVec = Shape::kVec;
   __shared__ __align__(16) float partial[kPoolWarps][D];
-  allow_dependent_launch();  // scoring loads its first Q tiles while the pooling finishes
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t per_tensor = int64_t(p.batch) * p.num_heads_kv * p.max_blocks;
   const int tensor = int(blockIdx.x / per_tensor);

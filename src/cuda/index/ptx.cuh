@@ -1,6 +1,5 @@
 // The few PTX instructions the index stage issues directly: 16-byte async copies, ldmatrix,
-// the m16n8k16 tensor-core product, the fast base-2 exponential, and the grid-dependency
-// controls of programmatic dependent launch.
+// the m16n8k16 tensor-core product, and the fast base-2 exponential.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -61,20 +60,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
-}
-
-// Programmatic dependent launch (launch_dependent in dependent_launch.cuh). The grid launched
-// after this one may start once every CTA here has called this (or exited); it still waits for
-// this grid's memory in wait_for_prior_grid.
-__device__ __forceinline__ void allow_dependent_launch() {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-// Blocks until the grid this one was launched behind has completed and its writes are visible;
-// returns at once when the launch was an ordinary one. Nothing written by the prior grid may be
-// read, and nothing it reads may be written, before this call.
-__device__ __forceinline__ void wait_for_prior_grid() {
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
 // Round-to-nearest-even float -> 16-bit storage type (the rho of docs/ALGORITHM.md).

@@ -3,15 +3,12 @@
 // buffered with cp.async. Per chunk: S = Q K_bar^T on the tensor cores, the running maximum M
 // (Eq. 19), and the chunk's block energies E_J under that M. After the pass the energies are
 // rescaled to the final maximum and thresholded together with the forced rules (Eq. 20). The
-// grid is persistent so that each CTA can load its next unit's query tile and first chunk while
-// finishing the current one, and it is launched behind the pooling (programmatic dependent
-// launch) so that the first query tiles load while the pooling finishes.
+// grid is persistent so that each CTA can load its next query tile while finishing the current.
 #include "cuda/index/score_select.cuh"
 
 #include <algorithm>
 #include <cmath>
 
-#include "cuda/index/dependent_launch.cuh"
 #include "cuda/index/ptx.cuh"
 
 namespace flashprefill::cuda::index {
@@ -84,31 +81,10 @@ struct Unit {
     segment = segment_id(b, h, tile, p.num_heads_kv, p.max_q_tiles);
   }
   __device__ bool empty() const { return tile >= num_tiles; }
-  // Candidate blocks J <= pmax(I) / bs of a non-empty unit.
-  __device__ int32_t candidates(const ScoreParams& p) const {
-    const BlockGeometry blocks{p.block_size, seq.len_kv};
-    return min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);
-  }
-  // A non-empty unit that selects every candidate whatever the energies needs no scoring: alpha
-  // = 0, or every candidate forced (Eq. 20). Blocks J < ceil(sink / bs) are sink blocks; past
-  // them the recent, diagonal and window rules only become truer as J grows (end_J rises), so
-  // the first block past the sink decides for every later one.
+  // The recent rule and alpha = 0 select every candidate: no scoring needed.
   __device__ bool dense(const ScoreParams& p) const {
-    if (p.alpha == 0.f) return true;
-    const int64_t past_sink = ceil_div(max(p.rules.sink_tokens, 0), p.block_size);
-    if (past_sink >= candidates(p)) return true;
-    const BlockGeometry blocks{p.block_size, seq.len_kv};
-    return p.rules.forced(blocks, int32_t(past_sink), seq.pmin(tile), tile, num_tiles);
+    return tile >= num_tiles - p.rules.dense_recent_tiles || p.alpha == 0.f;
   }
-};
-
-// What a CTA already has in flight for the unit it takes next (each unit prefetches its
-// successor's Q tile and first chunk during its own last chunk), and which of the two chunk
-// buffers the current unit's chunk 0 occupies: chunk c of a unit lives in (parity + c) % 2.
-struct Pipeline {
-  int64_t unit = -1;         // the unit whose Q tile is in flight to sm.q()
-  bool with_chunk = false;   // and whose chunk 0 is in flight to sm.chunk(parity)
-  int parity = 0;
 };
 
 // Issues the cp.async copies of a unit's 128 PackGQA rows (Eq. 12-13): packed row R -> query
@@ -122,8 +98,6 @@ __device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u,
   const int32_t packed_rows = group * u.seq.len_q;
   const T* q = static_cast<const T*>(p.q);
   const int32_t q_first = p.meta.cu_seqlens_q[u.b];
-  // Kept rolled: the next unit's tile is issued while this unit's Q fragments hold their registers.
-#pragma unroll 1
   for (int v = threadIdx.x; v < kTileRows * L::kRowVecs; v += kThreads) {
     const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
     const int32_t packed = row0 + r;
@@ -139,50 +113,40 @@ __device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u,
   cp_async_commit();
 }
 
-// Issues the cp.async copies of chunk c of a unit's rounded pooled keys rho(k_mean); rows past
-// the unit's candidates are zero-filled.
-template <typename T, int D>
-__device__ __forceinline__ void load_k_chunk(const ScoreParams& p, const Unit& u,
-                                             int32_t candidates, int c, T* dst) {
-  using L = Layout<D>;
-  const T* k_bar = static_cast<const T*>(p.k_rounded) +
-                   (int64_t(u.b) * p.num_heads_kv + u.h) * p.max_blocks * D;
-  // Kept rolled, as in load_q_tile.
-#pragma unroll 1
-  for (int v = threadIdx.x; v < kChunk * L::kRowVecs; v += kThreads) {
-    const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
-    const int32_t block = c * kChunk + r;
-    const bool valid = block < candidates;
-    cp_async_16(dst + L::offset(r, vec), valid ? k_bar + int64_t(block) * D + vec * 8 : k_bar,
-                valid);
-  }
-  cp_async_commit();
-}
-
-// Scores and selects one non-empty unit. During the unit's last chunk the next unit's Q tile and
-// chunk 0 are prefetched (the Q fragments live in registers by then, and the other chunk buffer
-// is consumed), hiding their loads behind this unit's tail.
+// Scores and selects one non-empty unit. `prefetched` names the unit whose Q tile is already in
+// flight to sm.q(); during the unit's last chunk the next unit's tile is prefetched there (the Q
+// fragments live in registers by then), hiding its load behind this unit's tail.
 template <typename T, int D>
 __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& unit,
-                                             const Smem& sm, int64_t u, Pipeline& pipe) {
+                                             const Smem& sm, int64_t u, int64_t& prefetched) {
   using L = Layout<D>;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int32_t tile = unit.tile, num_tiles = unit.num_tiles;
+  const int32_t b = unit.b, h = unit.h, tile = unit.tile, num_tiles = unit.num_tiles;
   const SeqGeometry& seq = unit.seq;
   const BlockGeometry blocks{p.block_size, seq.len_kv};
   const int32_t pmin = seq.pmin(tile);
   const int32_t causal_tiles = seq.causal_tiles(tile);
-  const int32_t candidates = unit.candidates(p);
+  const int32_t candidates = min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);
   const int32_t num_chunks = (candidates + kChunk - 1) / kChunk;
   const bool dense = unit.dense(p);
 
   float running_max = -INFINITY;  // M of Eq. 19
   if (!dense) {
-    auto chunk_buffer = [&](int c) { return static_cast<T*>(sm.chunk((pipe.parity + c) & 1)); };
-    const bool prefetched = pipe.unit == u;
-    if (!prefetched) load_q_tile<T, D>(p, unit, static_cast<T*>(sm.q()));
-    if (!prefetched || !pipe.with_chunk)
-      load_k_chunk<T, D>(p, unit, candidates, 0, chunk_buffer(0));
+    const T* k_bar = static_cast<const T*>(p.k_rounded) +
+                     (int64_t(b) * p.num_heads_kv + h) * p.max_blocks * D;
+    auto load_chunk = [&](int c) {
+      T* dst = static_cast<T*>(sm.chunk(c & 1));
+      for (int v = tid; v < kChunk * L::kRowVecs; v += kThreads) {
+        const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
+        const int32_t block = c * kChunk + r;
+        const bool valid = block < candidates;
+        cp_async_16(dst + L::offset(r, vec), valid ? k_bar + int64_t(block) * D + vec * 8 : k_bar,
+                    valid);
+      }
+      cp_async_commit();
+    };
+    if (prefetched != u) load_q_tile<T, D>(p, unit, static_cast<T*>(sm.q()));
+    load_chunk(0);
 
     // Row r of the tile may score block J when J * bs <= p(r): J <= last_block[r].
     const int32_t group = seq.group;
@@ -212,17 +176,15 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
       cp_async_wait_all();
       __syncthreads();  // chunk_landed: chunk c is in smem, chunk c - 1 is consumed
       if (c + 1 < num_chunks) {
-        load_k_chunk<T, D>(p, unit, candidates, c + 1, chunk_buffer(c + 1));
+        load_chunk(c + 1);
       } else if (u + gridDim.x < int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles) {
         const Unit next(p, u + gridDim.x);
         if (!next.empty() && !next.dense(p)) {
           load_q_tile<T, D>(p, next, static_cast<T*>(sm.q()));
-          load_k_chunk<T, D>(p, next, next.candidates(p), 0, chunk_buffer(c + 1));
-          pipe.unit = u + gridDim.x;
-          pipe.with_chunk = true;
+          prefetched = u + gridDim.x;
         }
       }
-      const T* kc = chunk_buffer(c);
+      const T* kc = static_cast<const T*>(sm.chunk(c & 1));
       // Pairs of n8 tiles holding candidates; the rest of the last chunk is skipped (warp-uniform).
       const int live_pairs = min(kNTiles / 2, (candidates - c * kChunk + 15) / 16);
 
@@ -294,7 +256,6 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
       }
       if (tid == 0) sm.chunk_max()[c] = running_max;
     }
-    pipe.parity = (pipe.parity + num_chunks) & 1;  // where the next unit's chunk 0 went
     __syncthreads();  // energies_ready
 
     // Eq. 20: rescale E_J from its chunk's maximum M_c to the final M; E_max over blocks.
@@ -348,26 +309,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) score_select_kernel
   extern __shared__ __align__(128) char smem_raw[];
   const Smem sm{smem_raw, L::kQBytes, L::kChunkBytes, padded_blocks(p.max_blocks)};
   const int64_t num_units = int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles;
-  allow_dependent_launch();  // the CSR kernels launch early and wait for this grid
-  Pipeline pipe;
-  // Q does not come from the pooling kernel this grid was launched behind (it started only after
-  // everything before it on the stream), so the first Q tile loads before the pooled keys exist.
-  // (Without pooled blocks no request has keys, hence no queries: then nothing loads here.)
-  if (blockIdx.x < num_units) {
-    const Unit first(p, blockIdx.x);
-    if (!first.empty() && !first.dense(p)) {
-      load_q_tile<T, D>(p, first, static_cast<T*>(sm.q()));
-      pipe.unit = blockIdx.x;
-    }
-  }
-  wait_for_prior_grid();  // pooled_keys_ready: k_rounded is written
+  int64_t prefetched = -1;  // the unit whose Q tile is already in flight to sm.q()
   for (int64_t u = blockIdx.x; u < num_units; u += gridDim.x) {
     const Unit unit(p, u);
     if (unit.empty()) {
       if (threadIdx.x == 0) p.counts[unit.segment] = 0;
       continue;
     }
-    process_unit<T, D>(p, unit, sm, u, pipe);
+    process_unit<T, D>(p, unit, sm, u, prefetched);
   }
 }
 
@@ -390,7 +339,8 @@ cudaError_t launch(const ScoreParams& p, cudaStream_t stream) {
       int64_t(smem_per_sm) / int64_t(smem + kSmemReservedPerBlock), 1, kMinBlocksPerSm);
   const int64_t units = int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles;
   const int64_t grid = std::min<int64_t>(units, per_sm * sms);
-  return launch_dependent(kernel, dim3(unsigned(grid)), dim3(kThreads), smem, stream, p);
+  kernel<<<dim3(unsigned(grid)), kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace
