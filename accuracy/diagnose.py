@@ -7,7 +7,10 @@ configuration measures over all query rows (PackGQA tiles, docs/ALGORITHM.md):
   mass sum_J sum_i e^{s_i} (Eq. 6 vs Eq. 7: 1 means the zero-order term is exact, < 1 is the AM-GM gap);
 - sink_share: the exact mass of key 0 alone, and its share predicted by the pooled score of block 0.
 
-    python3 accuracy/diagnose.py --length 2048 --alpha 0.1
+With --check-library it also compares flashprefill.prefill with sparse_reference.prefill (the numpy
+model of docs/ALGORITHM.md) on the captured q/k/v of every fifth layer.
+
+    python3 accuracy/diagnose.py --length 2048 --alpha 0.1 [--check-library]
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import corpus                                              # noqa: E402
+import sparse_reference                                    # noqa: E402
+from attention import sparse_backend                       # noqa: E402
 from gguf_weights import load_model                        # noqa: E402
 from model import Llama, Ops, exact_causal_attention       # noqa: E402
 from sparse_reference import KV_TILE, LOG2E, Q_TILE_ROWS, _pool  # noqa: E402
@@ -81,6 +86,7 @@ def main():
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--text", default="kjv")
+    p.add_argument("--check-library", action="store_true")
     args = p.parse_args()
     config, weights, tables = load_model()
     tokenizer = ByteLevelBPE(tables)
@@ -88,16 +94,31 @@ def main():
     captured = {}
 
     def capture(layer, q, k, v):
-        captured[layer] = (q, k)
+        captured[layer] = (q, k, v)
         return exact_causal_attention(model.ops, q, k, v, 0, model.scale)
 
     model.prefill(corpus.tokens(args.text, args.length, tokenizer), capture)
     print(f"| layer | pruned mass rho_pr | surrogate / exact mass of corrected blocks | key-0 mass | "
           f"block-0 pooled share |\n| ---: | ---: | ---: | ---: | ---: |")
-    for layer, (q, k) in sorted(captured.items()):
+    for layer, (q, k, _) in sorted(captured.items()):
         s = layer_stats(q, k, args.alpha, args.block_size)
         print(f"| {layer} | {s['rho_pr']:.3f} | {s['recovered']:.3f} | {s['sink_share']:.3f} | "
               f"{s['block0_pooled_share']:.3f} |", flush=True)
+    if not args.check_library:
+        return
+    library = sparse_backend("fp")
+    print("\n| layer | correction | density library | density reference | max abs diff | relative L2 |\n"
+          "| ---: | --- | ---: | ---: | ---: | ---: |")
+    for layer in range(0, config.n_layers, 5):
+        q, k, v = captured[layer]
+        for correction in (True, False):
+            kw = dict(alpha=args.alpha, block_size=args.block_size, mean_correction=correction,
+                      return_stats=True)
+            lib, lib_stats = library(q, k, v, **kw)
+            ref, ref_stats = sparse_reference.prefill(q, k, v, **kw)
+            print(f"| {layer} | {'on' if correction else 'off'} | {lib_stats['density']:.4f} | "
+                  f"{ref_stats['density']:.4f} | {np.abs(lib - ref).max():.1e} | "
+                  f"{np.linalg.norm(lib - ref) / np.linalg.norm(ref):.1e} |", flush=True)
 
 
 if __name__ == "__main__":

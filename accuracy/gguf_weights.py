@@ -122,16 +122,20 @@ def read_gguf(path: str):
             raise ValueError(f"{t.name}: unsupported tensor type {t.tensor_type.name}")
         weights[t.name] = w.reshape(shape)
 
-    tokenizer_tables = {
+    return config, weights, tokenizer_tables(reader)
+
+
+def tokenizer_tables(reader) -> dict:
+    """The GGUF's tokenizer: tokens, merges, token types, pre-tokenizer name, BOS/EOS ids."""
+    types = reader.fields["tokenizer.ggml.token_type"]
+    return {
         "tokens": _string_array(reader, "tokenizer.ggml.tokens"),
         "merges": _string_array(reader, "tokenizer.ggml.merges"),
-        "token_type": [int(reader.fields["tokenizer.ggml.token_type"].parts[i][0])
-                       for i in reader.fields["tokenizer.ggml.token_type"].data],
+        "token_type": [int(types.parts[i][0]) for i in types.data],
         "pre": _field(reader, "tokenizer.ggml.pre"),
         "bos_id": int(_field(reader, "tokenizer.ggml.bos_token_id")),
         "eos_id": int(_field(reader, "tokenizer.ggml.eos_token_id")),
     }
-    return config, weights, tokenizer_tables
 
 
 def load_model(path: str | None = None):

@@ -171,6 +171,8 @@ class Llama:
 
     def logits(self, hidden, rows):
         """hidden [L, d_model] (before the final norm) -> float32 numpy logits [len(rows), V]."""
+        if self.ops.torch is not None:
+            rows = self.ops.asarray(rows, np.int64)
         h = self._norm(hidden[rows], self.final_norm)
         return self.ops.numpy(h @ self.lm_head.T)
 

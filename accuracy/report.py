@@ -43,7 +43,7 @@ def provenance(records):
 
 def sparse_configs(records):
     cfgs = {(r["block_size"], r["alpha"], r["mean_correction"]) for r in records if r["config"] != "dense"}
-    return sorted(cfgs, key=lambda c: (c[0], c[1], not c[2]))
+    return sorted(cfgs, key=lambda c: (-c[0], c[1], not c[2]))
 
 
 def label(bs, alpha, corr):
@@ -64,34 +64,68 @@ def perplexity_table(records):
     return "\n".join(out) + "\n"
 
 
-def main_table(records):
-    """Per length and configuration: density, top-1, KL, needle accuracy, perplexity delta."""
-    out = ["| length | config | density | top-1 agreement | KL(dense‖fp) | positions | needles dense | "
-           "needles fp | ppl dense → fp (text windows) |",
-           "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    by_len = collections.defaultdict(list)
-    for r in records:
-        by_len[r["length"]].append(r)
-    for length in sorted(by_len):
-        rs = by_len[length]
-        dense = {r["prompt"]: r for r in rs if r["config"] == "dense"}
-        for bs, alpha, corr in sparse_configs(rs):
-            cfg = [r for r in rs if r["config"] == label(bs, alpha, corr)]
-            top1, kl, n = pooled(cfg)
-            needles = [r for r in cfg if r["answer_key"]]
-            nd = sum(dense[r["prompt"]]["correct"] for r in needles)
-            nf = sum(r["correct"] for r in needles)
-            lm = [r for r in cfg if not r["answer_key"]]
-            ppl = ""
-            if lm:
-                nll_d = np.mean([r["nll_dense"] for r in lm])
-                nll_s = np.mean([r["nll_sparse"] for r in lm])
-                ppl = f"{math.exp(nll_d):.3f} → {math.exp(nll_s):.3f}"
-            density = np.mean([r["density"] for r in cfg])
-            needle_cells = (f"{nd}/{len(needles)}", f"{nf}/{len(needles)}") if needles else ("–", "–")
-            out.append(f"| {length} | {label(bs, alpha, corr)} | {density:.3f} | {100 * top1:.2f} % | "
-                       f"{kl:.2e} | {n} | {needle_cells[0]} | {needle_cells[1]} | {ppl} |")
+def common_prompts(records, length, configs):
+    """Prompts of `length` that every configuration in `configs` ran: rows compare like with like."""
+    sets = [{r["prompt"] for r in records if r["length"] == length and r["config"] == label(*c)}
+            for c in configs]
+    return set.intersection(*sets) if sets else set()
+
+
+def sweep_groups(records):
+    """(length, block size, configurations, common prompts) for every length and block size."""
+    for length in sorted({r["length"] for r in records}):
+        at_length = [r for r in records if r["length"] == length]
+        for bs in sorted({c[0] for c in sparse_configs(at_length)}, reverse=True):
+            cfgs = [c for c in sparse_configs(at_length) if c[0] == bs]
+            yield length, bs, cfgs, common_prompts(records, length, cfgs)
+
+
+def config_rows(records, length, configs, prompts):
+    """One table row per configuration over exactly `prompts`."""
+    rs = [r for r in records if r["length"] == length and r["prompt"] in prompts]
+    dense = {r["prompt"]: r for r in rs if r["config"] == "dense"}
+    rows = []
+    for bs, alpha, corr in configs:
+        cfg = [r for r in rs if r["config"] == label(bs, alpha, corr)]
+        top1, kl, n = pooled(cfg)
+        needles = [r for r in cfg if r["answer_key"]]
+        nd = sum(dense[r["prompt"]]["correct"] for r in needles)
+        nf = sum(r["correct"] for r in needles)
+        lm = [r for r in cfg if not r["answer_key"]]
+        ppl = "–"
+        if lm:
+            ppl = (f"{math.exp(np.mean([r['nll_dense'] for r in lm])):.3f} → "
+                   f"{math.exp(np.mean([r['nll_sparse'] for r in lm])):.3f}")
+        needle_cells = (f"{nd}/{len(needles)}", f"{nf}/{len(needles)}") if needles else ("–", "–")
+        rows.append(f"| {length} | {label(bs, alpha, corr)} | {np.mean([r['density'] for r in cfg]):.3f} | "
+                    f"{100 * top1:.2f} % | {kl:.2e} | {n} | {needle_cells[0]} | {needle_cells[1]} | {ppl} |")
+    return rows
+
+
+TABLE_HEAD = ["| length | config | density | top-1 agreement | KL(dense‖fp) | positions | needles dense | "
+              "needles fp | ppl dense → fp (text windows) |",
+              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+
+def default_table(records):
+    """The paper's default with and without correction, every prompt run at each length."""
+    out = list(TABLE_HEAD)
+    for length in sorted({r["length"] for r in records}):
+        cfgs = [(128, 0.1, True), (128, 0.1, False)]
+        prompts = common_prompts(records, length, cfgs)
+        if prompts:
+            out += config_rows(records, length, cfgs, prompts)
     return "\n".join(out) + "\n"
+
+
+def sweep_tables(records):
+    parts = []
+    for length, bs, cfgs, prompts in sweep_groups(records):
+        if not prompts:
+            continue
+        parts.append(f"**{length} tokens, block size {bs}** — prompts: {', '.join(sorted(prompts))}\n")
+        parts.append("\n".join(TABLE_HEAD + config_rows(records, length, cfgs, prompts)) + "\n")
+    return "\n".join(parts)
 
 
 def needle_detail(records):
@@ -130,39 +164,37 @@ def plot(records, path):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullFormatter
 
-    rs = [r for r in records if r["config"] != "dense"]
     colors = {2048: "tab:blue", 4096: "tab:green", 8192: "tab:red"}
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     alphas_seen = set()
-    for length in sorted({r["length"] for r in rs}):
-        for bs in (128, 64):
-            for corr in (True, False):
-                sel = [r for r in rs if r["length"] == length and r["block_size"] == bs
-                       and r["mean_correction"] == corr]
-                alphas = sorted({r["alpha"] for r in sel})
-                if not alphas:
-                    continue
-                alphas_seen.update(alphas)
-                top1, dens, needle = [], [], []
-                for a in alphas:
-                    cfg = [r for r in sel if r["alpha"] == a]
-                    top1.append(100 * pooled(cfg)[0])
-                    dens.append(100 * np.mean([r["density"] for r in cfg]))
-                    nd = [r["correct"] for r in cfg if r["answer_key"]]
-                    needle.append(100 * np.mean(nd) if nd else np.nan)
-                style = dict(color=colors.get(length, "k"), ls="-" if corr else "--",
-                             marker="s" if bs == 64 else "o", ms=5,
-                             label=f"{length // 1024}K bs{bs} corr {'on' if corr else 'off'}")
-                axes[0].plot(alphas, top1, **style)
-                axes[1].plot(alphas, dens, **style)
-                if not all(np.isnan(needle)):
-                    axes[2].plot(alphas, needle, **style)
-    for length in sorted({r["length"] for r in records}):
-        nd = [r["correct"] for r in records if r["config"] == "dense" and r["length"] == length
-              and r["answer_key"]]
-        if nd:
-            axes[2].axhline(100 * np.mean(nd), color=colors.get(length, "k"), lw=1, ls=":",
-                            label=f"{length // 1024}K dense")
+    for length, bs, _, prompts in sweep_groups(records):
+        rs = [r for r in records if r["config"] != "dense" and r["prompt"] in prompts]
+        dense_needles = [r["correct"] for r in records if r["config"] == "dense" and r["length"] == length
+                         and r["prompt"] in prompts and r["answer_key"]]
+        if dense_needles:
+            axes[2].axhline(100 * np.mean(dense_needles), color=colors.get(length, "k"), lw=1, ls=":",
+                            label=f"{length // 1024}K dense ({len(dense_needles)} needles)")
+        for corr in (True, False):
+            sel = [r for r in rs if r["length"] == length and r["block_size"] == bs
+                   and r["mean_correction"] == corr]
+            alphas = sorted({r["alpha"] for r in sel})
+            if not alphas:
+                continue
+            alphas_seen.update(alphas)
+            top1, dens, needle = [], [], []
+            for a in alphas:
+                cfg = [r for r in sel if r["alpha"] == a]
+                top1.append(100 * pooled(cfg)[0])
+                dens.append(100 * np.mean([r["density"] for r in cfg]))
+                nd = [r["correct"] for r in cfg if r["answer_key"]]
+                needle.append(100 * np.mean(nd) if nd else np.nan)
+            style = dict(color=colors.get(length, "k"), ls="-" if corr else "--",
+                         marker="s" if bs == 64 else "o", ms=5,
+                         label=f"{length // 1024}K bs{bs} corr {'on' if corr else 'off'}")
+            axes[0].plot(alphas, top1, **style)
+            axes[1].plot(alphas, dens, **style)
+            if not all(np.isnan(needle)):
+                axes[2].plot(alphas, needle, **style)
     axes[0].axhline(99, color="k", lw=1, ls=":", label="99 % goal")
     titles = ("next-token top-1 agreement with dense (%)", "density (% of causal 64-token tiles)",
               "needle accuracy (%)")
@@ -188,8 +220,9 @@ def main():
     args = p.parse_args()
     records = load(args.results)
     parts = ["## Dense model check\n", perplexity_table(records),
-             "## Dense vs flashprefill\n", main_table(records), provenance(records),
-             "## Needles\n", needle_detail(records)]
+             "## Paper default (alpha 0.1), correction on / off, every prompt\n", default_table(records),
+             "## Sweeps (each table over the prompts that all its configurations ran)\n", sweep_tables(records),
+             provenance(records), "## Needles\n", needle_detail(records)]
     for length in (2048, 4096):
         table = per_layer_table(records, length)
         if table:

@@ -68,7 +68,7 @@ def test_dequant_matches_gguf_package_on_real_tensors():
 def test_tokenizer_round_trip_and_digits():
     from tokenizer import ByteLevelBPE
     pytest.importorskip("gguf")
-    _, _, tables = _tables_only()
+    tables = _tables_only()
     tok = ByteLevelBPE(tables)
     text = ("In the beginning God created the heaven and the earth.\n\tdef f(x):  return x**2 "
             "# café, naïve — 1234567 ünïcödé\n<|im_start|>user\nhi<|im_end|>")
@@ -83,18 +83,8 @@ def _tables_only():
     """Tokenizer tables without dequantizing the weights."""
     from gguf import GGUFReader
 
-    import gguf_weights
-    reader = GGUFReader(GGUF)
-    tables = {
-        "tokens": gguf_weights._string_array(reader, "tokenizer.ggml.tokens"),
-        "merges": gguf_weights._string_array(reader, "tokenizer.ggml.merges"),
-        "token_type": [int(reader.fields["tokenizer.ggml.token_type"].parts[i][0])
-                       for i in reader.fields["tokenizer.ggml.token_type"].data],
-        "pre": gguf_weights._field(reader, "tokenizer.ggml.pre"),
-        "bos_id": int(gguf_weights._field(reader, "tokenizer.ggml.bos_token_id")),
-        "eos_id": int(gguf_weights._field(reader, "tokenizer.ggml.eos_token_id")),
-    }
-    return None, None, tables
+    from gguf_weights import tokenizer_tables
+    return tokenizer_tables(GGUFReader(GGUF))
 
 
 def test_rope_is_a_relative_rotation():
