@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The accuracy study of docs/ACCURACY.md, phase by phase (each phase appends to its own JSON lines file
-# under accuracy/results/, dense baselines are cached in accuracy/.cache/, so an interrupted study
+# under accuracy/results/, dense baselines are cached in accuracy/.cache/ (float32 logits, about 100 MB
+# a prompt; delete it freely), so an interrupted study
 # resumes cheaply), then the report. Sized for a 2-core CPU; on a GPU, pass more (see --help).
 #
 #   bash accuracy/study.sh [reference|fp] [phase ...]     # default: fp, every phase
