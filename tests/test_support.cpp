@@ -7,6 +7,7 @@
 #include <numeric>
 #include <random>
 
+#include "flashprefill/flashprefill.hpp"
 #include "reference/numerics.hpp"
 
 namespace fptest {
@@ -82,46 +83,20 @@ void TestProblem::make_paged(int32_t page_size, uint64_t seed) {
 }
 
 fp_problem TestProblem::contiguous() const {
-  fp_problem p{};
-  p.device = FP_DEVICE_CPU;
-  p.dtype = dtype_;
-  p.batch_size = batch();
-  p.num_heads_q = hq_;
-  p.num_heads_kv = hkv_;
-  p.head_dim = d_;
-  p.q = q_.data();
-  p.q_stride_token = int64_t(hq_) * d_;
-  p.q_stride_head = d_;
-  p.total_q = total_q();
-  p.cu_seqlens_q = cu_q_.data();
-  p.kv_layout = FP_KV_CONTIGUOUS;
-  p.k = k_.data();
-  p.v = v_.data();
-  p.k_stride_token = p.v_stride_token = int64_t(hkv_) * d_;
-  p.k_stride_head = p.v_stride_head = d_;
-  p.total_k = total_k();
-  p.cu_seqlens_k = cu_k_.data();
+  int32_t max_q = 0, max_k = 0;
   for (const Lengths& l : lengths_) {
-    p.max_seqlen_q = std::max(p.max_seqlen_q, l.q);
-    p.max_seqlen_k = std::max(p.max_seqlen_k, l.kv);
+    max_q = std::max(max_q, l.q);
+    max_k = std::max(max_k, l.kv);
   }
-  return p;
+  return flashprefill::contiguous_problem(FP_DEVICE_CPU, dtype_, batch(), hq_, hkv_, d_,
+                                          q_.data(), total_q(), cu_q_.data(), max_q, k_.data(),
+                                          v_.data(), total_k(), cu_k_.data(), max_k);
 }
 
 fp_problem TestProblem::paged() const {
-  fp_problem p = contiguous();
-  p.kv_layout = FP_KV_PAGED;
-  p.k = k_cache_.data();
-  p.v = v_cache_.data();
-  p.k_stride_page = p.v_stride_page = int64_t(page_size_) * hkv_ * d_;
-  p.total_k = 0;
-  p.cu_seqlens_k = nullptr;
-  p.num_pages = num_pages_;
-  p.page_size = page_size_;
-  p.page_table = page_table_.data();
-  p.max_pages_per_seq = max_pages_;
-  p.seqlens_k = seqlens_k_.data();
-  return p;
+  return flashprefill::paged_problem(contiguous(), k_cache_.data(), v_cache_.data(), num_pages_,
+                                     page_size_, page_table_.data(), max_pages_,
+                                     seqlens_k_.data());
 }
 
 float TestProblem::q(int64_t t, int32_t h, int32_t d) const {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/workload.hpp"
-#include "flashprefill/flashprefill.h"
+#include "flashprefill/flashprefill.hpp"
 #include "reference/numerics.hpp"
 
 #ifdef FP_WITH_CUDA
@@ -200,27 +200,9 @@ int demo(const Options& opt) {
   const int32_t cu[2] = {0, L};
   dev.upload(dcu.ptr, cu, sizeof(cu));
 
-  fp_problem p{};
-  p.device = dev.cuda ? FP_DEVICE_CUDA : FP_DEVICE_CPU;
-  p.dtype = FP_BFLOAT16;
-  p.batch_size = 1;
-  p.num_heads_q = Hq;
-  p.num_heads_kv = Hkv;
-  p.head_dim = D;
-  p.q = dq.ptr;
-  p.q_stride_token = int64_t(Hq) * D;
-  p.q_stride_head = D;
-  p.total_q = L;
-  p.cu_seqlens_q = dcu.as<int32_t>();
-  p.max_seqlen_q = L;
-  p.kv_layout = FP_KV_CONTIGUOUS;
-  p.k = dk.ptr;
-  p.v = dv.ptr;
-  p.k_stride_token = p.v_stride_token = int64_t(Hkv) * D;
-  p.k_stride_head = p.v_stride_head = D;
-  p.total_k = L;
-  p.cu_seqlens_k = dcu.as<int32_t>();
-  p.max_seqlen_k = L;
+  const fp_problem p = flashprefill::contiguous_problem(
+      dev.cuda ? FP_DEVICE_CUDA : FP_DEVICE_CPU, FP_BFLOAT16, 1, Hq, Hkv, D, dq.ptr, L,
+      dcu.as<int32_t>(), L, dk.ptr, dv.ptr, L, dcu.as<int32_t>(), L);
 
   fp_select_config corrected = opt.config, plain = opt.config, dense_cfg = opt.config;
   corrected.mean_correction = 1;
