@@ -23,14 +23,13 @@ import argparse
 import ctypes
 import json
 import math
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from fp_abi import Problem, SelectConfig, Index, IndexSizes, Output
+from common import median_ms, Problem, SelectConfig, Index, IndexSizes, Output
 
 FP_CUDA, FP_BF16, FP_CONTIGUOUS = 1, 1, 0
 HQ, HKV, D = 32, 8, 128
@@ -92,21 +91,6 @@ class Batch:
 
     def bind_stream(self):
         self.problem.stream = torch.cuda.current_stream().cuda_stream
-
-
-def bench(fn, warmup=3, reps=15):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def tflops(batch, ms):
@@ -315,9 +299,9 @@ def run_group(group, args, lib, gen, report, dense_ms):
             b.out.fill_(float("nan"))
             ours.dense()
             err = rel_err(b.out, ref)
-            t_ours = bench(ours.dense)
-            t_cudnn = bench(sdpa(b, SDPBackend.CUDNN_ATTENTION))
-            t_fa2 = bench(sdpa(b, SDPBackend.FLASH_ATTENTION))
+            t_ours = median_ms(ours.dense)
+            t_cudnn = median_ms(sdpa(b, SDPBackend.CUDNN_ATTENTION))
+            t_fa2 = median_ms(sdpa(b, SDPBackend.FLASH_ATTENTION))
             dense_ms[L] = t_ours
             report(dict(row="dense", L=L, ours_ms=t_ours, ours_tflops=tflops(b, t_ours),
                         cudnn_ms=t_cudnn, cudnn_tflops=tflops(b, t_cudnn), fa2_ms=t_fa2,
@@ -329,7 +313,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         L = args.sparse_length
         b = Batch([L], [L])
         ours = Ours(lib, b)
-        t_dense = dense_ms.get(L) or bench(ours.dense)
+        t_dense = dense_ms.get(L) or median_ms(ours.dense)
         try:
             flex = Flex(b)
         except Exception as e:  # noqa: BLE001 - report, keep benchmarking
@@ -346,7 +330,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
                 b.out.fill_(float("nan"))
                 ours.sparse()
                 finite = bool(torch.isfinite(b.out).all())
-                t = bench(ours.sparse)
+                t = median_ms(ours.sparse)
                 row = dict(row="sparse", L=L, rho=rho, density=density, correction=corr, ours_ms=t,
                            dense_ms=t_dense, ratio_to_rho_dense=t / (density * t_dense), finite=finite)
                 if corr == 0:
@@ -354,7 +338,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
                     try:
                         fx = flex.bind(mask)
                         err = rel_err(ref_out, fx().transpose(1, 2).reshape(L, HQ, D))
-                        t_flex = bench(fx)
+                        t_flex = median_ms(fx)
                         row.update(flex_ms=t_flex, speedup_vs_flex=t_flex / t, err_vs_flex=err)
                     except Exception as e:  # noqa: BLE001 - report, keep benchmarking
                         row.update(flex="failed: " + str(e).splitlines()[0][:80])
@@ -372,10 +356,10 @@ def run_group(group, args, lib, gen, report, dense_ms):
             build()
             torch.cuda.synchronize()
             density = ours.density()
-            t_index = bench(build)
-            t_attn = bench(ours.sparse)
-            t_cudnn = bench(sdpa(b, SDPBackend.CUDNN_ATTENTION))
-            t_fa2 = bench(sdpa(b, SDPBackend.FLASH_ATTENTION))
+            t_index = median_ms(build)
+            t_attn = median_ms(ours.sparse)
+            t_cudnn = median_ms(sdpa(b, SDPBackend.CUDNN_ATTENTION))
+            t_fa2 = median_ms(sdpa(b, SDPBackend.FLASH_ATTENTION))
             ref = sdpa(b, SDPBackend.CUDNN_ATTENTION)().transpose(1, 2).reshape(L, HQ, D)
             ours.sparse()
             err = rel_err(b.out, ref)
@@ -389,7 +373,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
     if group == "batch":
         b = Batch([32768] * 4, [32768] * 4)
         ours = Ours(lib, b)
-        t = bench(ours.dense)
+        t = median_ms(ours.dense)
         q = b.q.view(4, -1, HQ, D).transpose(1, 2)
         k = b.k.view(4, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
         v = b.v.view(4, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
@@ -397,7 +381,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         def cudnn4():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        t_cudnn = bench(cudnn4)
+        t_cudnn = median_ms(cudnn4)
         report(dict(row="batch4", L=32768, ours_ms=t, ours_tflops=tflops(b, t), cudnn_ms=t_cudnn,
                     cudnn_tflops=tflops(b, t_cudnn)))
         del b, ours, q, k, v
@@ -406,7 +390,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         len_q, len_kv = [2048, 512, 8192, 1024], [32768, 16384, 8192, 65536]
         b = Batch(len_q, len_kv)
         ours = Ours(lib, b)
-        t = bench(ours.dense)
+        t = median_ms(ours.dense)
         report(dict(row="mixed_dense", len_q=str(len_q), len_kv=str(len_kv), ours_ms=t,
                     ours_tflops=tflops(b, t)))
 

@@ -14,14 +14,13 @@ Usage: python3 bench/bench_index.py [--lib build/libflashprefill.so] [--lengths 
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
-from fp_abi import Problem, SelectConfig, Index, IndexSizes
+from common import median_ms, Problem, SelectConfig, Index, IndexSizes
 
 
 FP_DEVICE_CUDA, FP_BFLOAT16, FP_KV_CONTIGUOUS = 1, 1, 0
@@ -38,20 +37,6 @@ def load(path):
 def check(lib, status, what):
     if status != 0:
         raise RuntimeError(f"{what}: status {status}: {lib.fp_last_error_message().decode()}")
-
-
-def median_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def bench_length(lib, length, hq=32, hkv=8, d=128, reps=20):

@@ -43,8 +43,11 @@ class BuiltProblem:
         return _arrays.device_guard(self.q)
 
 
-def _max_length(lengths):
-    return int(lengths.max(initial=0))
+def _max_length(metadata, host, cumulative):
+    """The longest request of lengths (or of cumulative offsets) in `metadata`; reads `host`, the
+    host copy, when there is one, else copies metadata back (a synchronization on CUDA)."""
+    values = _arrays.to_host(metadata) if host is None else host
+    return int((np.diff(values) if cumulative else values).max(initial=0))
 
 
 def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
@@ -101,8 +104,7 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
     c.total_q = total_q
     c.cu_seqlens_q = cu_q.ptr
     if max_seqlen_q is None:
-        host = _arrays.to_host(cu_q) if cu_q_host is None else cu_q_host
-        max_seqlen_q = _max_length(np.diff(host))
+        max_seqlen_q = _max_length(cu_q, cu_q_host, cumulative=True)
     c.max_seqlen_q = max_seqlen_q
     c.k, c.v = ka.ptr, va.ptr
 
@@ -123,8 +125,7 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
         c.max_pages_per_seq = table.shape[1]
         c.seqlens_k = lengths.ptr
         if max_seqlen_k is None:
-            host = _arrays.to_host(lengths) if lengths_host is None else lengths_host
-            max_seqlen_k = _max_length(host)
+            max_seqlen_k = _max_length(lengths, lengths_host, cumulative=False)
     else:
         total_k = ka.shape[0]
         if cu_seqlens_k is None and batch != 1:
@@ -142,7 +143,6 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
         c.total_k = total_k
         c.cu_seqlens_k = cu_k.ptr
         if max_seqlen_k is None:
-            host = _arrays.to_host(cu_k) if cu_k_host is None else cu_k_host
-            max_seqlen_k = _max_length(np.diff(host))
+            max_seqlen_k = _max_length(cu_k, cu_k_host, cumulative=True)
     c.max_seqlen_k = max_seqlen_k
     return BuiltProblem(c, qa, keep)
