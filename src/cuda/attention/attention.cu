@@ -1,5 +1,6 @@
 // The attention stage's CUDA entry points (cuda/backend.hpp): check what this kernel supports,
 // fill AttentionParams, carve the split partials out of the workspace, launch, combine.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -80,6 +81,65 @@ fp_status check_supported(const ProblemInfo& info, const fp_output& out) {
   return FP_OK;
 }
 
+// cuTensorMapEncodeTiled from the driver, found once through the runtime (no libcuda link).
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                 CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = []() -> EncodeTiled {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return nullptr;
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// K or V [total_k, Hkv, D] as the 3-D tensor (D, Hkv, total_k) in 64 x 1 x 64 boxes with the
+// 128-byte swizzle of the kernel's shared-memory stages. Boxes past total_k read zeros.
+fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p,
+                        int64_t stride_token, int64_t stride_head) {
+  const EncodeTiled encode = encode_tiled();
+  if (encode == nullptr)
+    return fail(FP_ERROR_CUDA, "the CUDA driver does not provide cuTensorMapEncodeTiled");
+  constexpr int64_t kBytes = 2;  // bf16 / fp16
+  // A single head's stride is never used (coordinate 0); give TMA a legal one.
+  const int64_t head_stride = p.num_heads_kv > 1 ? stride_head : stride_token;
+  const cuuint64_t dims[3] = {cuuint64_t(p.head_dim), cuuint64_t(p.num_heads_kv),
+                              cuuint64_t(p.total_k)};
+  const cuuint64_t strides[2] = {cuuint64_t(head_stride * kBytes),
+                                 cuuint64_t(stride_token * kBytes)};
+  const cuuint32_t box[3] = {64, 1, uint32_t(kKvTile)};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims,
+                            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fail(FP_ERROR_CUDA, "cuTensorMapEncodeTiled failed for the KV tensor (CUresult " +
+                                   std::to_string(int(r)) + ")");
+  return FP_OK;
+}
+
+// Contiguous KV is fetched by TMA; paged KV (and tensors too long for 32-bit TMA coordinates)
+// by cp.async through the page table.
+fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
+  a.tma = false;
+  if (p.kv_layout == FP_KV_PAGED || p.total_k <= 0 || p.total_k > INT32_MAX - kKvTile)
+    return FP_OK;
+  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, p.k_stride_token, p.k_stride_head); s != FP_OK)
+    return s;
+  if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, p.v_stride_token, p.v_stride_head); s != FP_OK)
+    return s;
+  a.tma = true;
+  return FP_OK;
+}
+
 AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
   const fp_problem& p = *info.p;
   AttentionParams a;
@@ -116,7 +176,9 @@ AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
 
 fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace) {
   const fp_problem& p = *info.p;
+  if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
   a.num_splits = num_splits(info);
+  a.num_sms = sm_count();
   if (a.num_splits > 1) {
     const PartialBytes bytes = partial_bytes(info, a.num_splits);
     a.o_partial = static_cast<float*>(workspace);

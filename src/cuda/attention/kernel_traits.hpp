@@ -15,10 +15,12 @@ namespace flashprefill::cuda::attention {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_>
+template <class Element_, int kHeadDim_, bool kFoldScale_ = true>
 struct KernelTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kPingpong = false;
+  static constexpr bool kFoldScale = kFoldScale_;
   static constexpr int kBlockM = kTileRows;   // PackGQA rows per query tile
   static constexpr int kTilesPerStage = 2;
   static constexpr int kBlockN = kTilesPerStage * kKvTile;  // keys per stage
@@ -53,8 +55,15 @@ struct KernelTraits {
       GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(tile_to_shape(
       GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // Keys before head-dim halves (Step<_2, _1, _3>): each 64-wide half of the head dimension holds
+  // the stage's keys as consecutive swizzled 128-byte rows, exactly as in SmemLayoutK, so one
+  // 64 x 64 TMA box (or 64 cp.async rows) fills a KV tile's half of either operand.
   using SmemLayoutVt = decltype(tile_to_shape(
-      GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}));
+      GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+      Step<_2, _1, _3>{}));
+  // TMA box: 64 keys x 64 head-dim elements = 8 KB; a KV tile is kHeadDim / 64 boxes per operand.
+  static constexpr int kBoxCols = 64;
+  static constexpr uint32_t kTileTmaBytes = uint32_t(2 * kKvTile * kHeadDim * sizeof(Element));
 
   // The S accumulator ((2, 2, N/8), 1, 1) reread as the wgmma A-register operand
   // ((2, 2, 2), 1, N/16): both hold (col pair, row + 8, col + 8) in the same order.
@@ -65,8 +74,9 @@ struct KernelTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
-    float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| or -inf (Eq. 6)
+    float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| / scale_log2, or -inf
     alignas(8) uint64_t q_loaded;
+    uint64_t q_consumed;
     uint64_t kv_loaded[kStages];
     uint64_t kv_consumed[kStages];
   };

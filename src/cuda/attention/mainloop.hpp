@@ -20,6 +20,7 @@
 namespace flashprefill::cuda::attention {
 
 using Barrier = cutlass::arch::ClusterBarrier;
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 __device__ __forceinline__ Barrier& barrier(uint64_t& word) {
   return *reinterpret_cast<Barrier*>(&word);
@@ -56,6 +57,13 @@ __device__ __forceinline__ void wgmma(Mma& mma, A& a, const B& b, C& c) {
   if constexpr (kARegs) warpgroup_fence_operand(a);
 }
 
+__device__ __forceinline__ void named_barrier_sync(int threads, int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int threads, int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 template <class Traits>
 struct Mainloop {
   using Element = typename Traits::Element;
@@ -65,8 +73,12 @@ struct Mainloop {
   // Exact stages are published by cp.async.mbarrier.arrive.noinc: each producer thread's arrival
   // fires when its own copies land, so the producer never waits on a copy and runs ahead by up to
   // kStages stages. Mean windows are written with ordinary stores and published by a fenced arrive.
+  // One work tile of the persistent loop; `cur` and `q_phase` carry the pipeline state from one
+  // tile to the next, so the next tile's Q and first stages load while the consumers still
+  // finish the previous one.
   __device__ static void produce(const AttentionParams& p, const WorkTile& w,
-                                 const Traversal& trav, Storage& ss) {
+                                 const Traversal& trav, Storage& ss,
+                                 StageCursor<kStages>& cur, uint32_t q_phase) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
@@ -74,39 +86,61 @@ struct Mainloop {
     const int thread = threadIdx.x % Traits::kProducerThreads;
     const TileLoader<Traits> loader{p, w, thread};
 
+    barrier(ss.q_consumed).wait(q_phase ^ 1u);  // the previous tile's S = Q K^T are done
     loader.load_q(sQ);
     cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
 
     const BlockGeometry blocks{p.block_size, w.seq.len_kv};
     StageSequence sequence(trav);
-    StageCursor<kStages> cur;
     // The next stage's tile ids are read from the index before waiting for its buffer (Eq. 17).
     for (Stage stage = sequence.next(p); stage.kind != StageKind::kEnd;
          stage = sequence.next(p), cur.advance()) {
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
       if (stage.kind == StageKind::kExactTiles) {
-        loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
-        loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
-        cutlass::arch::cpasync_barrier_arrive_noinc(&ss.kv_loaded[cur.index]);
+        // Full tiles of contiguous KV come by TMA (one thread issues them and expects their
+        // bytes); the rest by cp.async, each thread arriving when its own copies land. Either
+        // way the barrier sees kProducerThreads arrivals.
+        uint64_t* bar = &ss.kv_loaded[cur.index];
+        const bool tma0 = loader.tma_tile(stage.tile0), tma1 = loader.tma_tile(stage.tile1);
+        const uint32_t tma_bytes = (int(tma0) + int(tma1)) * Traits::kTileTmaBytes;
+        if (tma0 && tma1) {
+          if (thread == 0) {
+            TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
+            loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
+            loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+          } else {
+            barrier(*bar).arrive();
+          }
+        } else {
+          if (thread == 0 && tma_bytes != 0) {
+            TxBarrier::expect_transaction(bar, tma_bytes);
+            if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
+            if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+          }
+          if (!tma0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
+          if (!tma1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
+          cutlass::arch::cpasync_barrier_arrive_noinc(bar);
+        }
       } else {
         loader.load_mean_window(sK, sVt, stage.first_block, trav.visible_blocks, cur.index);
         for (int c = thread; c < Traits::kBlockN; c += Traits::kProducerThreads) {
           const int32_t j = stage.first_block + c;
           const bool surrogate = j < trav.visible_blocks && block_unlisted(p, trav, blocks, j);
+          // Eq. 6: ln |B_J| added to the logit, here in raw-score units (the softmax scales).
           ss.column_bias[cur.index][c] =
-              surrogate ? log2f(float(blocks.count(j))) : -INFINITY;  // Eq. 6: log |B_J|
+              surrogate ? log2f(float(blocks.count(j))) / p.scale_log2 : -INFINITY;
         }
         cutlass::arch::fence_view_async_shared();  // st.shared -> wgmma reads
         barrier(ss.kv_loaded[cur.index]).arrive();
       }
     }
-    cp_async_wait_all();  // no copy outlives its issuing thread
   }
 
   // Intra-warpgroup overlap (Eq. 14): while the softmax of stage n runs on the CUDA cores, the
   // tensor cores finish P_{n-1} V_{n-1}; S_n = Q K_n is issued before both.
   __device__ static void consume(const AttentionParams& p, const WorkTile& w,
-                                 const Traversal& trav, Storage& ss) {
+                                 const Traversal& trav, Storage& ss,
+                                 StageCursor<kStages>& cur, uint32_t q_phase) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
@@ -144,19 +178,27 @@ struct Mainloop {
       pos[m] = w.seq.position(w.seq.tile_row_begin(w.tile) + get<0>(s_coord(m, 0)));
     const int32_t pmin = w.seq.pmin(w.tile);
 
-    // S -> logits for the stage's kind: mask exact tiles, shift mean windows.
+    // S for the stage's kind: mask exact tiles that reach past pmin, shift mean windows.
     auto to_logits = [&](int buffer, const Stage& stage) {
       if (stage.kind == StageKind::kExactTiles) {
         const int32_t tiles[2] = {stage.tile0, stage.tile1};
-        scale_and_mask_exact(s, s_coord, tiles, pos, p.scale_log2, stage_needs_mask(tiles, pmin));
+        if (stage_needs_mask(tiles, pmin)) mask_exact(s, s_coord, tiles, pos);
       } else {
-        scale_and_shift_means(s, s_coord, ss.column_bias[buffer], p.scale_log2);
+        shift_means(s, s_coord, ss.column_bias[buffer]);
+      }
+      if constexpr (!Traits::kFoldScale) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(s); ++i) s(i) *= p.scale_log2;
       }
     };
-    // The stage's data has landed (cp.async or fenced stores) before its wgmma reads it.
-    auto wait_loaded = [&](int buffer, uint32_t phase) {
+    // The stage's data has landed before its wgmma reads it; data written by cp.async or by
+    // stores (not TMA) is then made visible to the async proxy.
+    auto wait_loaded = [&](int buffer, uint32_t phase, const Stage& st) {
       barrier(ss.kv_loaded[buffer]).wait(phase);
-      cutlass::arch::fence_view_async_shared();
+      const bool tma_only = st.kind == StageKind::kExactTiles &&
+                            tile_by_tma(p, w.seq.len_kv, st.tile0) &&
+                            tile_by_tma(p, w.seq.len_kv, st.tile1);
+      if (!tma_only) cutlass::arch::fence_view_async_shared();
     };
     // One arrival per consumer warp once the warp's wgmmas no longer read the buffer.
     auto release = [&](int buffer) {
@@ -168,18 +210,32 @@ struct Mainloop {
       for (int i = 0; i < size(tSrS); ++i) rP(i) = Element(tSrS(i));
     };
 
+    // Pingpong (Traits::kPingpong): consumer warpgroup c waits on named barrier 1 + c before
+    // issuing a batch of wgmmas and then lets the other warpgroup go. Warpgroup 1 hands the first
+    // turn to warpgroup 0, which takes the last hand-over back at the end, so every arrival is
+    // matched within the CTA.
+    const int consumer = thread / 128;
+    auto take_turn = [&]() {
+      if constexpr (Traits::kPingpong) named_barrier_sync(2 * 128, 1 + consumer);
+    };
+    auto pass_turn = [&]() {
+      if constexpr (Traits::kPingpong) named_barrier_arrive(2 * 128, 2 - consumer);
+    };
+    if (consumer == 1) pass_turn();
+
     clear(tOrO);
-    OnlineSoftmax softmax;
+    OnlineSoftmax softmax(Traits::kFoldScale ? p.scale_log2 : 1.f);
     float factors[2];
     StageSequence sequence(trav);
     Stage stage = sequence.next(p);
-    barrier(ss.q_loaded).wait(0);
+    barrier(ss.q_loaded).wait(q_phase);
     cutlass::arch::fence_view_async_shared();
-    StageCursor<kStages> cur;
     if (stage.kind != StageKind::kEnd) {
       Stage next = sequence.next(p);  // prefetched: its index loads overlap this stage's math
-      wait_loaded(cur.index, cur.phase);
+      wait_loaded(cur.index, cur.phase, stage);
+      take_turn();
       wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
+      pass_turn();
       warpgroup_wait<0>();
       to_logits(cur.index, stage);
       softmax.update(s, factors);
@@ -189,9 +245,11 @@ struct Mainloop {
         stage = next;
         next = sequence.next(p);
         cur.advance();
-        wait_loaded(cur.index, cur.phase);
+        wait_loaded(cur.index, cur.phase, stage);
+        take_turn();
         wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
         wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
+        pass_turn();
         warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
         to_logits(cur.index, stage);
         softmax.update(s, factors);
@@ -201,10 +259,18 @@ struct Mainloop {
         to_p();
         prev = cur.index;
       }
+      take_turn();
       wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
+      pass_turn();
       warpgroup_wait<0>();
       release(prev);
+      cur.advance();  // the next tile starts on the next stage
     }
+    if (consumer == 0) take_turn();  // warpgroup 1's last hand-over
+    // Every wgmma reading Q has completed: the producer may load the next tile's Q while this
+    // tile's epilogue runs.
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) barrier(ss.q_consumed).arrive();
     float lse[2];
     softmax.finalize(o, lse);
     store_tile<Element, Traits::kHeadDim>(p, w, o, o_coord, lse);

@@ -1,6 +1,6 @@
-// Turns raw Q K^T scores into log2-domain logits: scale, then either the causal/length mask of an
-// exact tile (bottom-right alignment: row r sees keys j <= o + r / g) or the log|B_J| shift of a
-// mean window (Eq. 6).
+// Prepares raw Q K^T scores for the online softmax, which applies the scale itself: the
+// causal/length mask of an exact tile (bottom-right alignment: row r sees keys j <= o + r / g)
+// or the log|B_J| shift of a mean window (Eq. 6), expressed in raw-score units.
 #pragma once
 
 #include <cmath>
@@ -27,17 +27,10 @@ __device__ __forceinline__ bool stage_needs_mask(const int32_t (&tiles)[kTiles],
 // Columns are compared as offsets from the thread's first column, which are compile-time
 // constants, against one limit per (row, half): no per-element coordinate stays live.
 template <int kTiles, class Scores, class Coords>
-__device__ __forceinline__ void scale_and_mask_exact(Scores& s, const Coords& coord,
-                                                     const int32_t (&tiles)[kTiles],
-                                                     const int32_t (&pos)[2], float scale_log2,
-                                                     bool need_mask) {
+__device__ __forceinline__ void mask_exact(Scores& s, const Coords& coord,
+                                           const int32_t (&tiles)[kTiles], const int32_t (&pos)[2]) {
   using cute::size;
   static_assert(decltype(size<0>(s))::value == 2);
-  if (!need_mask) {
-    CUTE_UNROLL
-    for (int i = 0; i < size(s); ++i) s(i) *= scale_log2;
-    return;
-  }
   const int32_t col0 = int32_t(cute::get<1>(coord(0, 0)));
   CUTE_UNROLL
   for (int m = 0; m < 2; ++m) {
@@ -51,24 +44,20 @@ __device__ __forceinline__ void scale_and_mask_exact(Scores& s, const Coords& co
       // The wgmma accumulator gives a thread columns 2 (lane % 4) + {0, 1} + 8 i, so a column's
       // half is its offset's: col0 < 8 never carries an offset across a 64-column boundary.
       const int h = offset / kKvTile;
-      s(m, n) = offset > limit[h] ? -INFINITY : s(m, n) * scale_log2;
+      if (offset > limit[h]) s(m, n) = -INFINITY;
     }
   }
 }
 
 // Mean window: column c is a surrogate key with logit q . k_mean * scale + ln |B_J| (Eq. 6);
-// bias[c] = log2 |B_J|, or -inf for blocks that get no surrogate.
+// shift[c] = log2 |B_J| / scale_log2 (raw-score units), or -inf for blocks without a surrogate.
 template <class Scores, class Coords>
-__device__ __forceinline__ void scale_and_shift_means(Scores& s, const Coords& coord,
-                                                      const float* bias, float scale_log2) {
+__device__ __forceinline__ void shift_means(Scores& s, const Coords& coord, const float* shift) {
   using cute::size;
   CUTE_UNROLL
   for (int m = 0; m < size<0>(s); ++m) {
     CUTE_UNROLL
-    for (int n = 0; n < size<1>(s); ++n) {
-      const float b = bias[cute::get<1>(coord(m, n))];
-      s(m, n) = b == -INFINITY ? -INFINITY : fmaf(s(m, n), scale_log2, b);
-    }
+    for (int n = 0; n < size<1>(s); ++n) s(m, n) += shift[cute::get<1>(coord(m, n))];
   }
 }
 

@@ -23,6 +23,25 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool v
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
 
+// One TMA box (64 x 1 x 64 of the (D, Hkv, total_k) tensor map) into shared memory; its bytes
+// complete on `bar`.
+__device__ __forceinline__ void tma_load_box(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                             int32_t col, int32_t head, int32_t row) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(col),
+      "r"(head), "r"(row)
+      : "memory");
+}
+
+// Whether KV tile t is fetched by TMA: contiguous KV and every row of the tile inside the
+// request (a partial last tile goes through cp.async, whose zero-fill keeps rows past the
+// request, which may be another request's or unwritten memory, away from the tensor cores).
+__device__ __forceinline__ bool tile_by_tma(const AttentionParams& p, int32_t len_kv, int32_t t) {
+  return p.tma && t >= 0 && (t + 1) * kKvTile <= len_kv;
+}
+
 template <class Traits>
 struct TileLoader {
   using Element = typename Traits::Element;
@@ -74,10 +93,37 @@ struct TileLoader {
     for (int i = 0; i < kIters; ++i) {
       const int32_t j = j0 + i * kRowStep;
       const bool valid = t >= 0 && j < w.seq.len_kv;
-      const Element* k_src = valid ? k + w.k_addr.offset(j) : k;  // Eq. 22
-      const Element* v_src = valid ? v + w.v_addr.offset(j) : v;
-      cp_async_16(k_dst + i * k_dst_step, k_src, valid);
-      cp_async_16(v_dst + i * v_dst_step, v_src, valid);
+      // Eq. 22, with one page lookup for both K and V.
+      int64_t k_off = 0, v_off = 0;
+      if (valid) {
+        if (p.paged) {
+          const int32_t slot = j / p.page_size;
+          const int64_t page = w.k_addr.pages[slot];
+          const int64_t in_page = j - slot * p.page_size;
+          k_off = page * p.k_stride_page + in_page * p.k_stride_token;
+          v_off = page * p.v_stride_page + in_page * p.v_stride_token;
+        } else {
+          const int64_t row = w.k_addr.row0 + j;
+          k_off = row * p.k_stride_token;
+          v_off = row * p.v_stride_token;
+        }
+      }
+      cp_async_16(k_dst + i * k_dst_step, k + k_off, valid);
+      cp_async_16(v_dst + i * v_dst_step, v + v_off, valid);
+    }
+  }
+
+  __device__ bool tma_tile(int32_t t) const { return tile_by_tma(p, w.seq.len_kv, t); }
+
+  // KV tile t by TMA into rows [64 half, 64 half + 64) of stage `stage`; issued by one thread.
+  template <class SmemK, class SmemVt>
+  __device__ void tma_kv_tile(SmemK& sK, SmemVt& sVt, int32_t t, int half, int stage,
+                              uint64_t* bar) const {
+    const int32_t row = int32_t(w.k_addr.row0) + t * kKvTile;
+    CUTE_UNROLL
+    for (int c = 0; c < kD; c += Traits::kBoxCols) {
+      tma_load_box(&sK(half * kKvTile, c, stage), &p.tma_k, bar, c, w.h, row);
+      tma_load_box(&sVt(c, half * kKvTile, stage), &p.tma_v, bar, c, w.h, row);
     }
   }
 

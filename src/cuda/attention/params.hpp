@@ -4,9 +4,17 @@
 
 #include <cstdint>
 
+#include <cuda.h>  // CUtensorMap (a plain 128-byte struct; no driver call happens here)
+
 namespace flashprefill::cuda::attention {
 
 struct AttentionParams {
+  // Contiguous KV: TMA descriptors of K and V as 3-D tensors (D, Hkv, total_k) with 64 x 1 x 64
+  // boxes and the 128-byte swizzle of the shared-memory stages (encoded by attention.cu).
+  // Paged KV goes through cp.async and KvAddress instead; tma is false then.
+  CUtensorMap tma_k{}, tma_v{};
+  bool tma = false;
+
   // Queries [total_q, Hq, D] and lengths.
   const void* q = nullptr;
   int64_t q_stride_token = 0, q_stride_head = 0;
@@ -52,6 +60,7 @@ struct AttentionParams {
   // KV splitting (Eq. 18): with num_splits > 1 the kernel writes float partials
   // o_partial [num_splits, total_q, Hq, D] and lse_partial [num_splits, Hq, total_q].
   int32_t num_splits = 1;
+  int32_t num_sms = 132;  // persistent grid size
   float* o_partial = nullptr;
   float* lse_partial = nullptr;
 };

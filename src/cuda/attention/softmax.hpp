@@ -31,10 +31,15 @@ __host__ __device__ constexpr auto rowcol(Layout l) {
 }
 
 struct OnlineSoftmax {
-  float row_max[2] = {-INFINITY, -INFINITY};  // log2 domain
+  // Scores stay unscaled (raw Q K^T, masked entries -inf); the softmax scale is folded into the
+  // exponent, exp2(s * scale_log2 - max * scale_log2), one FFMA per element.
+  float scale_log2;
+  float row_max[2] = {-INFINITY, -INFINITY};  // raw-score units
   float row_sum[2] = {0.f, 0.f};              // this thread's columns only until finalize
 
-  // Logits s (row, col) -> probabilities; returns the factor by which each output row must be
+  __device__ explicit OnlineSoftmax(float scale) : scale_log2(scale) {}
+
+  // Scores s (row, col) -> probabilities; returns the factor by which each output row must be
   // rescaled to the new maximum (applied by rescale once the previous P V has landed).
   template <class Scores>
   __device__ __forceinline__ void update(Scores& s, float (&factors)[2]) {
@@ -45,13 +50,14 @@ struct OnlineSoftmax {
       CUTE_UNROLL
       for (int n = 0; n < size<1>(s); ++n) mx = fmaxf(mx, s(m, n));
       mx = quad_allreduce(mx, [](float a, float b) { return fmaxf(a, b); });
-      const float base = mx == -INFINITY ? 0.f : mx;  // a row with no key yet stays at zero
-      const float factor = fast_exp2(row_max[m] - base);
+      // A row with no key yet stays at zero (its factor multiplies zeros).
+      const float base = mx == -INFINITY ? 0.f : mx * scale_log2;
+      const float factor = fast_exp2(row_max[m] * scale_log2 - base);
       row_max[m] = mx;
       float sum = 0.f;
       CUTE_UNROLL
       for (int n = 0; n < size<1>(s); ++n) {
-        s(m, n) = fast_exp2(s(m, n) - base);
+        s(m, n) = fast_exp2(fmaf(s(m, n), scale_log2, -base));
         sum += s(m, n);
       }
       row_sum[m] = row_sum[m] * factor + sum;
@@ -78,7 +84,7 @@ struct OnlineSoftmax {
     for (int m = 0; m < 2; ++m) {
       const float sum = quad_allreduce(row_sum[m], [](float a, float b) { return a + b; });
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      lse[m] = sum > 0.f ? (row_max[m] + log2f(sum)) * kLn2 : -INFINITY;
+      lse[m] = sum > 0.f ? (row_max[m] * scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
       CUTE_UNROLL
       for (int n = 0; n < size<1>(o); ++n) o(m, n) *= inv;
     }
