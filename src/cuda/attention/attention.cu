@@ -178,7 +178,6 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace) {
   const fp_problem& p = *info.p;
   if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
   a.num_splits = num_splits(info);
-  a.num_sms = sm_count();
   if (a.num_splits > 1) {
     const PartialBytes bytes = partial_bytes(info, a.num_splits);
     a.o_partial = static_cast<float*>(workspace);

@@ -15,12 +15,10 @@ namespace flashprefill::cuda::attention {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, bool kFoldScale_ = true>
+template <class Element_, int kHeadDim_>
 struct KernelTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kPingpong = false;
-  static constexpr bool kFoldScale = kFoldScale_;
   static constexpr int kBlockM = kTileRows;   // PackGQA rows per query tile
   static constexpr int kTilesPerStage = 2;
   static constexpr int kBlockN = kTilesPerStage * kKvTile;  // keys per stage
@@ -76,7 +74,6 @@ struct KernelTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
     float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| / scale_log2, or -inf
     alignas(8) uint64_t q_loaded;
-    uint64_t q_consumed;
     uint64_t kv_loaded[kStages];
     uint64_t kv_consumed[kStages];
   };

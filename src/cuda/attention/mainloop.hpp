@@ -57,13 +57,6 @@ __device__ __forceinline__ void wgmma(Mma& mma, A& a, const B& b, C& c) {
   if constexpr (kARegs) warpgroup_fence_operand(a);
 }
 
-__device__ __forceinline__ void named_barrier_sync(int threads, int id) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_barrier_arrive(int threads, int id) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 template <class Traits>
 struct Mainloop {
   using Element = typename Traits::Element;
@@ -73,12 +66,8 @@ struct Mainloop {
   // Exact stages are published by cp.async.mbarrier.arrive.noinc: each producer thread's arrival
   // fires when its own copies land, so the producer never waits on a copy and runs ahead by up to
   // kStages stages. Mean windows are written with ordinary stores and published by a fenced arrive.
-  // One work tile of the persistent loop; `cur` and `q_phase` carry the pipeline state from one
-  // tile to the next, so the next tile's Q and first stages load while the consumers still
-  // finish the previous one.
   __device__ static void produce(const AttentionParams& p, const WorkTile& w,
-                                 const Traversal& trav, Storage& ss,
-                                 StageCursor<kStages>& cur, uint32_t q_phase) {
+                                 const Traversal& trav, Storage& ss) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
@@ -86,12 +75,12 @@ struct Mainloop {
     const int thread = threadIdx.x % Traits::kProducerThreads;
     const TileLoader<Traits> loader{p, w, thread};
 
-    barrier(ss.q_consumed).wait(q_phase ^ 1u);  // the previous tile's S = Q K^T are done
     loader.load_q(sQ);
     cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
 
     const BlockGeometry blocks{p.block_size, w.seq.len_kv};
     StageSequence sequence(trav);
+    StageCursor<kStages> cur;
     // The next stage's tile ids are read from the index before waiting for its buffer (Eq. 17).
     for (Stage stage = sequence.next(p); stage.kind != StageKind::kEnd;
          stage = sequence.next(p), cur.advance()) {
@@ -134,13 +123,13 @@ struct Mainloop {
         barrier(ss.kv_loaded[cur.index]).arrive();
       }
     }
+    cp_async_wait_all();  // no copy outlives its issuing thread
   }
 
   // Intra-warpgroup overlap (Eq. 14): while the softmax of stage n runs on the CUDA cores, the
   // tensor cores finish P_{n-1} V_{n-1}; S_n = Q K_n is issued before both.
   __device__ static void consume(const AttentionParams& p, const WorkTile& w,
-                                 const Traversal& trav, Storage& ss,
-                                 StageCursor<kStages>& cur, uint32_t q_phase) {
+                                 const Traversal& trav, Storage& ss) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
@@ -186,10 +175,6 @@ struct Mainloop {
       } else {
         shift_means(s, s_coord, ss.column_bias[buffer]);
       }
-      if constexpr (!Traits::kFoldScale) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(s); ++i) s(i) *= p.scale_log2;
-      }
     };
     // The stage's data has landed before its wgmma reads it; data written by cp.async or by
     // stores (not TMA) is then made visible to the async proxy.
@@ -210,32 +195,18 @@ struct Mainloop {
       for (int i = 0; i < size(tSrS); ++i) rP(i) = Element(tSrS(i));
     };
 
-    // Pingpong (Traits::kPingpong): consumer warpgroup c waits on named barrier 1 + c before
-    // issuing a batch of wgmmas and then lets the other warpgroup go. Warpgroup 1 hands the first
-    // turn to warpgroup 0, which takes the last hand-over back at the end, so every arrival is
-    // matched within the CTA.
-    const int consumer = thread / 128;
-    auto take_turn = [&]() {
-      if constexpr (Traits::kPingpong) named_barrier_sync(2 * 128, 1 + consumer);
-    };
-    auto pass_turn = [&]() {
-      if constexpr (Traits::kPingpong) named_barrier_arrive(2 * 128, 2 - consumer);
-    };
-    if (consumer == 1) pass_turn();
-
     clear(tOrO);
-    OnlineSoftmax softmax(Traits::kFoldScale ? p.scale_log2 : 1.f);
+    OnlineSoftmax softmax(p.scale_log2);
     float factors[2];
     StageSequence sequence(trav);
     Stage stage = sequence.next(p);
-    barrier(ss.q_loaded).wait(q_phase);
+    barrier(ss.q_loaded).wait(0);
     cutlass::arch::fence_view_async_shared();
+    StageCursor<kStages> cur;
     if (stage.kind != StageKind::kEnd) {
       Stage next = sequence.next(p);  // prefetched: its index loads overlap this stage's math
       wait_loaded(cur.index, cur.phase, stage);
-      take_turn();
       wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
-      pass_turn();
       warpgroup_wait<0>();
       to_logits(cur.index, stage);
       softmax.update(s, factors);
@@ -246,10 +217,8 @@ struct Mainloop {
         next = sequence.next(p);
         cur.advance();
         wait_loaded(cur.index, cur.phase, stage);
-        take_turn();
         wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
         wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
-        pass_turn();
         warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
         to_logits(cur.index, stage);
         softmax.update(s, factors);
@@ -259,18 +228,10 @@ struct Mainloop {
         to_p();
         prev = cur.index;
       }
-      take_turn();
       wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
-      pass_turn();
       warpgroup_wait<0>();
       release(prev);
-      cur.advance();  // the next tile starts on the next stage
     }
-    if (consumer == 0) take_turn();  // warpgroup 1's last hand-over
-    // Every wgmma reading Q has completed: the producer may load the next tile's Q while this
-    // tile's epilogue runs.
-    __syncwarp();
-    if (threadIdx.x % 32 == 0) barrier(ss.q_consumed).arrive();
     float lse[2];
     softmax.finalize(o, lse);
     store_tile<Element, Traits::kHeadDim>(p, w, o, o_coord, lse);

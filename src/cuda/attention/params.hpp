@@ -60,7 +60,6 @@ struct AttentionParams {
   // KV splitting (Eq. 18): with num_splits > 1 the kernel writes float partials
   // o_partial [num_splits, total_q, Hq, D] and lse_partial [num_splits, Hq, total_q].
   int32_t num_splits = 1;
-  int32_t num_sms = 132;  // persistent grid size
   float* o_partial = nullptr;
   float* lse_partial = nullptr;
 };
