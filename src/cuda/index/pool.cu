@@ -3,6 +3,7 @@
 // partial sums are combined in a fixed order, so the result is deterministic.
 #include "cuda/index/pool.cuh"
 
+#include "core/fast_divmod.hpp"
 #include "cuda/index/ptx.cuh"
 
 namespace flashprefill::cuda::index {
@@ -29,24 +30,29 @@ __device__ __forceinline__ void store_rounded(T* dst, const float (&v)[16 / size
   *reinterpret_cast<uint4*>(dst) = packed;
 }
 
+// The grid's divisors, taken once on the host: blockIdx.x = (b * Hkv + h) * max_blocks + J.
+struct PoolGrid {
+  FastDivmod max_blocks, heads_kv;
+};
+
 template <typename T, int D>
-__global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) {
+__global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p, const PoolGrid grid) {
   using Shape = PoolShape<T, D>;
   constexpr int kVec = Shape::kVec;
   __shared__ __align__(16) float partial[kPoolWarps][D];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t per_tensor = int64_t(p.batch) * p.num_heads_kv * p.max_blocks;
-  const int tensor = int(blockIdx.x / per_tensor);
-  const int64_t slot = blockIdx.x % per_tensor;  // (b * Hkv + h) * max_blocks + J
-  const int32_t block = int32_t(slot % p.max_blocks);
-  const int32_t b = int32_t(slot / p.max_blocks / p.num_heads_kv);
-  const int32_t h = int32_t(slot / p.max_blocks % p.num_heads_kv);
+  const int tensor = int(blockIdx.y);  // 0 = K, 1 = V
+  const int32_t slot = int32_t(blockIdx.x);
+  int32_t bh, block, b, h;
+  grid.max_blocks.divmod(slot, bh, block);
+  grid.heads_kv.divmod(bh, b, h);
   const BlockGeometry blocks{p.block_size, p.meta.len_kv(b)};
   if (block >= blocks.num_blocks()) return;
 
-  float* mean = p.mean[tensor] + slot * D;
-  T* rounded = tensor == 0 && p.k_rounded != nullptr ? static_cast<T*>(p.k_rounded) + slot * D
-                                                     : nullptr;
+  float* mean = p.mean[tensor] + int64_t(slot) * D;
+  T* rounded = tensor == 0 && p.k_rounded != nullptr
+                   ? static_cast<T*>(p.k_rounded) + int64_t(slot) * D
+                   : nullptr;
   const bool finisher = threadIdx.x < D / kVec;  // threads that write the block's mean
   const int out_col = threadIdx.x * kVec;
   float acc[kVec];
@@ -102,10 +108,11 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) 
 
 template <typename T, int D>
 cudaError_t launch(const PoolParams& p, cudaStream_t stream) {
-  const int64_t units =
-      int64_t(p.batch) * p.num_heads_kv * p.max_blocks * (p.mean[1] != nullptr ? 2 : 1);
-  if (units == 0) return cudaSuccess;
-  pool_kernel<T, D><<<dim3(unsigned(units)), kPoolThreads, 0, stream>>>(p);
+  const int64_t slots = int64_t(p.batch) * p.num_heads_kv * p.max_blocks;
+  if (slots == 0) return cudaSuccess;
+  const PoolGrid grid{FastDivmod(p.max_blocks), FastDivmod(p.num_heads_kv)};
+  const dim3 ctas(unsigned(slots), p.mean[1] != nullptr ? 2u : 1u);
+  pool_kernel<T, D><<<ctas, kPoolThreads, 0, stream>>>(p, grid);
   return cudaGetLastError();
 }
 
