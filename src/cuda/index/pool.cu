@@ -30,9 +30,10 @@ __device__ __forceinline__ void store_rounded(T* dst, const float (&v)[16 / size
   *reinterpret_cast<uint4*>(dst) = packed;
 }
 
-// The grid's divisors, taken once on the host: blockIdx.x = (b * Hkv + h) * max_blocks + J.
+// The divisors, taken once on the host: blockIdx.x = (b * Hkv + h) * max_blocks + J, and the
+// page size of a paged cache.
 struct PoolGrid {
-  FastDivmod max_blocks, heads_kv;
+  FastDivmod max_blocks, heads_kv, page_size;
 };
 
 template <typename T, int D>
@@ -72,13 +73,29 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p, 
   const T* base = static_cast<const T*>(p.kv[tensor]) + h * p.stride_head[tensor] + col;
   const KvAddress addr = p.meta.kv(b, p.stride_page[tensor], p.stride_token[tensor]);
   constexpr int kRowStep = kPoolWarps * Shape::kRowsPerPass;
-#pragma unroll 8
-  for (int32_t j = blocks.begin(block) + warp * Shape::kRowsPerPass + row; j < blocks.end(block);
-       j += kRowStep) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(base + addr.offset(j)));
-    const T* e = reinterpret_cast<const T*>(&raw);
+  const int32_t first = blocks.begin(block) + warp * Shape::kRowsPerPass + row;
+  const int32_t end = blocks.end(block);
+  // Every row of the thread is first requested from L2 (no registers held, so the whole block
+  // is in flight at once; the compiler keeps only a few loads outstanding otherwise), then
+  // summed in row order. The layout is resolved outside the loops.
+  auto pool_rows = [&](auto row_offset) {
+    for (int32_t r = first; r < end; r += kRowStep) prefetch_l2(base + row_offset(r));
+#pragma unroll 4
+    for (int32_t r = first; r < end; r += kRowStep) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(base + row_offset(r)));
+      const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) acc[i] += widen(e[i]);
+      for (int i = 0; i < kVec; ++i) acc[i] += widen(e[i]);
+    }
+  };
+  if (addr.paged) {
+    pool_rows([&](int32_t r) {  // Eq. 22, the page by the precomputed page-size divisor
+      int32_t page, in_page;
+      grid.page_size.divmod(r, page, in_page);
+      return int64_t(addr.pages[page]) * addr.stride_page + int64_t(in_page) * addr.stride_token;
+    });
+  } else {
+    pool_rows([&](int32_t r) { return (addr.row0 + r) * addr.stride_token; });
   }
 #pragma unroll
   for (int stride = Shape::kLanesPerRow; stride < 32; stride *= 2) {
@@ -110,7 +127,8 @@ template <typename T, int D>
 cudaError_t launch(const PoolParams& p, cudaStream_t stream) {
   const int64_t slots = int64_t(p.batch) * p.num_heads_kv * p.max_blocks;
   if (slots == 0) return cudaSuccess;
-  const PoolGrid grid{FastDivmod(p.max_blocks), FastDivmod(p.num_heads_kv)};
+  const PoolGrid grid{FastDivmod(p.max_blocks), FastDivmod(p.num_heads_kv),
+                      FastDivmod(p.meta.paged ? p.meta.page_size : 1)};
   const dim3 ctas(unsigned(slots), p.mean[1] != nullptr ? 2u : 1u);
   pool_kernel<T, D><<<ctas, kPoolThreads, 0, stream>>>(p, grid);
   return cudaGetLastError();
