@@ -1,4 +1,4 @@
-// The CUDA index stage as the C ABI calls it: pool -> score and select -> scan -> emit, four
+// The CUDA index stage as the C ABI calls it: pool -> score and select -> CSR, three
 // launches on the problem's stream, no host synchronization, scratch from the caller's workspace.
 #include <cuda_runtime.h>
 
@@ -165,6 +165,9 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
   score.max_q_tiles = sizes.max_q_tiles;
   score.max_blocks = sizes.max_blocks;
   score.block_size = config.block_size;
+  score.group = FastDivmod(info.group);
+  score.block = FastDivmod(config.block_size);
+  score.heads_kv = FastDivmod(p.num_heads_kv);
   score.scale_log2 = float(double(info.scale) * kLog2e);
   score.alpha = config.alpha;
   score.rules = SelectRules{config.sink_tokens, config.window_tokens, config.dense_recent_tiles};
@@ -177,25 +180,20 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
       s != FP_OK)
     return s;
 
-  if (fp_status s = check_launch(index::launch_scan(counts, index.cu, sizes.num_segments, stream),
-                                 "scan");
-      s != FP_OK)
-    return s;
-
-  index::EmitParams emit;
-  emit.meta = meta;
-  emit.num_heads_kv = p.num_heads_kv;
-  emit.max_q_tiles = sizes.max_q_tiles;
-  emit.max_blocks = sizes.max_blocks;
-  emit.block_size = config.block_size;
-  emit.num_segments = sizes.num_segments;
-  emit.mask_words = ws.mask_words;
-  emit.mask = mask;
-  emit.counts = counts;
-  emit.cu = index.cu;
-  emit.idx = index.idx;
-  emit.idx_capacity = index.idx_capacity;
-  return check_launch(index::launch_emit(emit, stream), "emit");
+  index::CsrParams csr;
+  csr.meta = meta;
+  csr.num_heads_kv = p.num_heads_kv;
+  csr.max_q_tiles = sizes.max_q_tiles;
+  csr.max_blocks = sizes.max_blocks;
+  csr.block_size = config.block_size;
+  csr.num_segments = sizes.num_segments;
+  csr.mask_words = ws.mask_words;
+  csr.mask = mask;
+  csr.counts = counts;
+  csr.cu = index.cu;
+  csr.idx = index.idx;
+  csr.idx_capacity = index.idx_capacity;
+  return check_launch(index::launch_csr(csr, stream), "csr");
 }
 
 }  // namespace flashprefill::cuda

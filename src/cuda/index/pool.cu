@@ -3,6 +3,7 @@
 // partial sums are combined in a fixed order, so the result is deterministic.
 #include "cuda/index/pool.cuh"
 
+#include "core/fast_divmod.hpp"
 #include "cuda/index/ptx.cuh"
 
 namespace flashprefill::cuda::index {
@@ -29,24 +30,30 @@ __device__ __forceinline__ void store_rounded(T* dst, const float (&v)[16 / size
   *reinterpret_cast<uint4*>(dst) = packed;
 }
 
+// The divisors, taken once on the host: blockIdx.x = (b * Hkv + h) * max_blocks + J, and the
+// page size of a paged cache.
+struct PoolGrid {
+  FastDivmod max_blocks, heads_kv, page_size;
+};
+
 template <typename T, int D>
-__global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) {
+__global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p, const PoolGrid grid) {
   using Shape = PoolShape<T, D>;
   constexpr int kVec = Shape::kVec;
   __shared__ __align__(16) float partial[kPoolWarps][D];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t per_tensor = int64_t(p.batch) * p.num_heads_kv * p.max_blocks;
-  const int tensor = int(blockIdx.x / per_tensor);
-  const int64_t slot = blockIdx.x % per_tensor;  // (b * Hkv + h) * max_blocks + J
-  const int32_t block = int32_t(slot % p.max_blocks);
-  const int32_t b = int32_t(slot / p.max_blocks / p.num_heads_kv);
-  const int32_t h = int32_t(slot / p.max_blocks % p.num_heads_kv);
+  const int tensor = int(blockIdx.y);  // 0 = K, 1 = V
+  const int32_t slot = int32_t(blockIdx.x);
+  int32_t bh, block, b, h;
+  grid.max_blocks.divmod(slot, bh, block);
+  grid.heads_kv.divmod(bh, b, h);
   const BlockGeometry blocks{p.block_size, p.meta.len_kv(b)};
   if (block >= blocks.num_blocks()) return;
 
-  float* mean = p.mean[tensor] + slot * D;
-  T* rounded = tensor == 0 && p.k_rounded != nullptr ? static_cast<T*>(p.k_rounded) + slot * D
-                                                     : nullptr;
+  float* mean = p.mean[tensor] + int64_t(slot) * D;
+  T* rounded = tensor == 0 && p.k_rounded != nullptr
+                   ? static_cast<T*>(p.k_rounded) + int64_t(slot) * D
+                   : nullptr;
   const bool finisher = threadIdx.x < D / kVec;  // threads that write the block's mean
   const int out_col = threadIdx.x * kVec;
   float acc[kVec];
@@ -66,13 +73,29 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) 
   const T* base = static_cast<const T*>(p.kv[tensor]) + h * p.stride_head[tensor] + col;
   const KvAddress addr = p.meta.kv(b, p.stride_page[tensor], p.stride_token[tensor]);
   constexpr int kRowStep = kPoolWarps * Shape::kRowsPerPass;
-#pragma unroll 8
-  for (int32_t j = blocks.begin(block) + warp * Shape::kRowsPerPass + row; j < blocks.end(block);
-       j += kRowStep) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(base + addr.offset(j)));
-    const T* e = reinterpret_cast<const T*>(&raw);
+  const int32_t first = blocks.begin(block) + warp * Shape::kRowsPerPass + row;
+  const int32_t end = blocks.end(block);
+  // Every row of the thread is first requested from L2 (no registers held, so the whole block
+  // is in flight at once; the compiler keeps only a few loads outstanding otherwise), then
+  // summed in row order. The layout is resolved outside the loops.
+  auto pool_rows = [&](auto row_offset) {
+    for (int32_t r = first; r < end; r += kRowStep) prefetch_l2(base + row_offset(r));
+#pragma unroll 4
+    for (int32_t r = first; r < end; r += kRowStep) {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(base + row_offset(r)));
+      const T* e = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) acc[i] += widen(e[i]);
+      for (int i = 0; i < kVec; ++i) acc[i] += widen(e[i]);
+    }
+  };
+  if (addr.paged) {
+    pool_rows([&](int32_t r) {  // Eq. 22, the page by the precomputed page-size divisor
+      int32_t page, in_page;
+      grid.page_size.divmod(r, page, in_page);
+      return int64_t(addr.pages[page]) * addr.stride_page + int64_t(in_page) * addr.stride_token;
+    });
+  } else {
+    pool_rows([&](int32_t r) { return (addr.row0 + r) * addr.stride_token; });
   }
 #pragma unroll
   for (int stride = Shape::kLanesPerRow; stride < 32; stride *= 2) {
@@ -102,10 +125,12 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p) 
 
 template <typename T, int D>
 cudaError_t launch(const PoolParams& p, cudaStream_t stream) {
-  const int64_t units =
-      int64_t(p.batch) * p.num_heads_kv * p.max_blocks * (p.mean[1] != nullptr ? 2 : 1);
-  if (units == 0) return cudaSuccess;
-  pool_kernel<T, D><<<dim3(unsigned(units)), kPoolThreads, 0, stream>>>(p);
+  const int64_t slots = int64_t(p.batch) * p.num_heads_kv * p.max_blocks;
+  if (slots == 0) return cudaSuccess;
+  const PoolGrid grid{FastDivmod(p.max_blocks), FastDivmod(p.num_heads_kv),
+                      FastDivmod(p.meta.paged ? p.meta.page_size : 1)};
+  const dim3 ctas(unsigned(slots), p.mean[1] != nullptr ? 2u : 1u);
+  pool_kernel<T, D><<<ctas, kPoolThreads, 0, stream>>>(p, grid);
   return cudaGetLastError();
 }
 

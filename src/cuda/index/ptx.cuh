@@ -1,5 +1,5 @@
-// The few PTX instructions the index stage issues directly: 16-byte async copies, ldmatrix,
-// the m16n8k16 tensor-core product, and the fast base-2 exponential.
+// The few PTX instructions the index stage issues directly: 16-byte async copies, L2
+// prefetches, ldmatrix, the m16n8k16 tensor-core product, and the fast base-2 exponential.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -17,6 +17,11 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
                "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+// Asks L2 for the line holding `gmem` without waiting for it or holding a register.
+__device__ __forceinline__ void prefetch_l2(const void* gmem) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(gmem));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }

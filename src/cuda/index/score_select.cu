@@ -30,6 +30,11 @@ struct Layout {
   static constexpr int kKSteps = D / 16;
   static constexpr size_t kQBytes = size_t(kTileRows) * D * 2;
   static constexpr size_t kChunkBytes = size_t(kChunk) * D * 2;
+  // A CTA copies a tile kRowStep rows at a time, each thread one vector of each row; the step
+  // keeps (row & 7), so a thread's swizzled offset advances by a constant.
+  static constexpr int kRowStep = kThreads / kRowVecs;
+  static constexpr int kRowStepElements = kRowStep * kRowVecs * 8;
+  static_assert(kRowStep % 8 == 0);
   // Element offset of vector `vec` of row `row`: XOR-swizzled so that the eight rows one
   // ldmatrix phase reads fall in distinct banks.
   static __device__ __forceinline__ int offset(int row, int vec) {
@@ -64,21 +69,44 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// One unit of work: the CSR segment (b, h, I). Units are numbered heavy-first (late query tiles
-// carry the most candidate blocks) and dealt round-robin to the persistent CTAs.
+// One unit of work: the CSR segment (b, h, I). Units u = rank * (B * Hkv) + (b * Hkv + h) are
+// numbered heavy-first (rank 0 is the last query tile, which carries the most candidate blocks)
+// and dealt round-robin to the persistent CTAs; a cursor walks a CTA's units without dividing.
+struct UnitCursor {
+  int32_t rank = 0, bh = 0;  // u / (B * Hkv) and u % (B * Hkv)
+
+  __device__ void advance(int32_t step_rank, int32_t step_bh, int32_t heads) {
+    rank += step_rank;
+    bh += step_bh;
+    if (bh >= heads) {
+      bh -= heads;
+      ++rank;
+    }
+  }
+};
+
+// A unit's request geometry with every per-row quotient it needs taken once, by the
+// precomputed divisors of the group size and the block size.
 struct Unit {
   int32_t b, h, tile, num_tiles;
+  int32_t packed_rows;         // g * L_q of the request
+  int32_t pmin, pmax;          // positions of the tile's first and last packed rows (Eq. 13)
+  int32_t candidates;          // blocks J <= pmax / bs, clipped to max_blocks
   int64_t segment;
   SeqGeometry seq;
 
-  __device__ Unit(const ScoreParams& p, int64_t u) {
-    const int64_t heads = int64_t(p.batch) * p.num_heads_kv;
-    tile = p.max_q_tiles - 1 - int32_t(u / heads);
-    b = int32_t(u % heads / p.num_heads_kv);
-    h = int32_t(u % heads % p.num_heads_kv);
+  __device__ Unit(const ScoreParams& p, const UnitCursor& c) {
+    tile = p.max_q_tiles - 1 - c.rank;
+    p.heads_kv.divmod(c.bh, b, h);
     seq = p.meta.seq(b);
-    num_tiles = seq.num_q_tiles();
-    segment = segment_id(b, h, tile, p.num_heads_kv, p.max_q_tiles);
+    packed_rows = seq.group * seq.len_q;
+    num_tiles = int32_t(ceil_div(packed_rows, kTileRows));
+    segment = int64_t(c.bh) * p.max_q_tiles + tile;
+    if (empty()) return;
+    const int32_t row0 = tile * kTileRows;
+    pmin = seq.offset() + p.group.div(row0);
+    pmax = seq.offset() + p.group.div(min(row0 + kTileRows, packed_rows) - 1);
+    candidates = min(p.block.div(pmax) + 1, p.max_blocks);
   }
   __device__ bool empty() const { return tile >= num_tiles; }
   // The recent rule and alpha = 0 select every candidate: no scoring needed.
@@ -88,27 +116,38 @@ struct Unit {
 };
 
 // Issues the cp.async copies of a unit's 128 PackGQA rows (Eq. 12-13): packed row R -> query
-// R / g of head h * g + R % g. Row arithmetic is 32-bit (build_index checks g * max_seqlen_q <
-// 2^31): a 64-bit division per row would cost more issue slots than a short tile's products.
+// R / g of head h * g + R % g. A thread copies one 16-byte column of every kRowStep-th row: it
+// divides once per tile, then steps its source by the quotient and remainder of kRowStep and
+// carries into the next query when the head passes the group. Row arithmetic is 32-bit
+// (build_index checks g * max_seqlen_q < 2^31).
 template <typename T, int D>
 __device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u, T* dst) {
   using L = Layout<D>;
+  constexpr int kRowStep = L::kRowStep;
   const int32_t group = u.seq.group;
-  const int32_t row0 = u.tile * kTileRows;
-  const int32_t packed_rows = group * u.seq.len_q;
+  const int vec = threadIdx.x % L::kRowVecs;
+  const int first_row = threadIdx.x / L::kRowVecs;
+  dst += L::offset(first_row, vec);
+  int32_t packed = u.tile * kTileRows + first_row;
+  int32_t query, head, step_query, step_head;
+  p.group.divmod(packed, query, head);
+  p.group.divmod(kRowStep, step_query, step_head);
+  const int64_t step = int64_t(step_query) * p.q_stride_token + int64_t(step_head) * p.q_stride_head;
+  const int64_t carry = p.q_stride_token - int64_t(group) * p.q_stride_head;
   const T* q = static_cast<const T*>(p.q);
-  const int32_t q_first = p.meta.cu_seqlens_q[u.b];
-  for (int v = threadIdx.x; v < kTileRows * L::kRowVecs; v += kThreads) {
-    const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
-    const int32_t packed = row0 + r;
-    const bool valid = packed < packed_rows;
-    const T* src = q;
-    if (valid) {
-      const int32_t query = packed / group;
-      src += int64_t(q_first + query) * p.q_stride_token +
-             int64_t(u.h * group + packed - query * group) * p.q_stride_head + vec * 8;
+  int64_t offset = int64_t(p.meta.cu_seqlens_q[u.b] + query) * p.q_stride_token +
+                   int64_t(u.h * group + head) * p.q_stride_head + vec * 8;
+#pragma unroll 1
+  for (int r = first_row; r < kTileRows; r += kRowStep, packed += kRowStep) {
+    const bool valid = packed < u.packed_rows;
+    cp_async_16(dst, valid ? q + offset : q, valid);
+    dst += L::kRowStepElements;
+    offset += step;
+    head += step_head;
+    if (head >= group) {
+      head -= group;
+      offset += carry;
     }
-    cp_async_16(dst + L::offset(r, vec), src, valid);
   }
   cp_async_commit();
 }
@@ -118,15 +157,16 @@ __device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u,
 // fragments live in registers by then), hiding its load behind this unit's tail.
 template <typename T, int D>
 __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& unit,
-                                             const Smem& sm, int64_t u, int64_t& prefetched) {
+                                             const Smem& sm, const UnitCursor& next_cursor,
+                                             bool& prefetched) {
   using L = Layout<D>;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t b = unit.b, h = unit.h, tile = unit.tile, num_tiles = unit.num_tiles;
   const SeqGeometry& seq = unit.seq;
   const BlockGeometry blocks{p.block_size, seq.len_kv};
-  const int32_t pmin = seq.pmin(tile);
-  const int32_t causal_tiles = seq.causal_tiles(tile);
-  const int32_t candidates = min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);
+  const int32_t pmin = unit.pmin;
+  const int32_t causal_tiles = unit.pmax / kKvTile + 1;
+  const int32_t candidates = unit.candidates;
   const int32_t num_chunks = (candidates + kChunk - 1) / kChunk;
   const bool dense = unit.dense(p);
 
@@ -135,30 +175,34 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
     const T* k_bar = static_cast<const T*>(p.k_rounded) +
                      (int64_t(b) * p.num_heads_kv + h) * p.max_blocks * D;
     auto load_chunk = [&](int c) {
-      T* dst = static_cast<T*>(sm.chunk(c & 1));
-      for (int v = tid; v < kChunk * L::kRowVecs; v += kThreads) {
-        const int r = v / L::kRowVecs, vec = v % L::kRowVecs;
-        const int32_t block = c * kChunk + r;
+      const int first_row = tid / L::kRowVecs, vec = tid % L::kRowVecs;
+      T* dst = static_cast<T*>(sm.chunk(c & 1)) + L::offset(first_row, vec);
+      int32_t block = c * kChunk + first_row;
+      const T* src = k_bar + int64_t(block) * D + vec * 8;
+#pragma unroll 1
+      for (int r = first_row; r < kChunk; r += L::kRowStep) {
         const bool valid = block < candidates;
-        cp_async_16(dst + L::offset(r, vec), valid ? k_bar + int64_t(block) * D + vec * 8 : k_bar,
-                    valid);
+        cp_async_16(dst, valid ? src : k_bar, valid);
+        dst += L::kRowStepElements;
+        src += L::kRowStep * D;
+        block += L::kRowStep;
       }
       cp_async_commit();
     };
-    if (prefetched != u) load_q_tile<T, D>(p, unit, static_cast<T*>(sm.q()));
+    if (!prefetched) load_q_tile<T, D>(p, unit, static_cast<T*>(sm.q()));
+    prefetched = false;
     load_chunk(0);
 
     // Row r of the tile may score block J when J * bs <= p(r): J <= last_block[r].
-    const int32_t group = seq.group;
-    const int32_t packed_rows = group * seq.len_q;
     int32_t last_block[kMTiles][2];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int32_t packed = tile * kTileRows + warp * kWarpRows + mt * 16 + lane / 4 + half * 8;
-        last_block[mt][half] =
-            packed < packed_rows ? (seq.offset() + packed / group) / p.block_size : -1;
+        last_block[mt][half] = packed < unit.packed_rows
+                                   ? p.block.div(seq.offset() + p.group.div(packed))
+                                   : -1;
       }
 
     cp_async_wait_all();
@@ -177,11 +221,11 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
       __syncthreads();  // chunk_landed: chunk c is in smem, chunk c - 1 is consumed
       if (c + 1 < num_chunks) {
         load_chunk(c + 1);
-      } else if (u + gridDim.x < int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles) {
-        const Unit next(p, u + gridDim.x);
+      } else if (next_cursor.rank < p.max_q_tiles) {
+        const Unit next(p, next_cursor);
         if (!next.empty() && !next.dense(p)) {
           load_q_tile<T, D>(p, next, static_cast<T*>(sm.q()));
-          prefetched = u + gridDim.x;
+          prefetched = true;
         }
       }
       const T* kc = static_cast<const T*>(sm.chunk(c & 1));
@@ -308,15 +352,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) score_select_kernel
   using L = Layout<D>;
   extern __shared__ __align__(128) char smem_raw[];
   const Smem sm{smem_raw, L::kQBytes, L::kChunkBytes, padded_blocks(p.max_blocks)};
-  const int64_t num_units = int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles;
-  int64_t prefetched = -1;  // the unit whose Q tile is already in flight to sm.q()
-  for (int64_t u = blockIdx.x; u < num_units; u += gridDim.x) {
-    const Unit unit(p, u);
+  const int32_t heads = p.batch * p.num_heads_kv;
+  const int32_t step_rank = int32_t(gridDim.x) / heads, step_bh = int32_t(gridDim.x) % heads;
+  UnitCursor cursor;
+  cursor.rank = int32_t(blockIdx.x) / heads;
+  cursor.bh = int32_t(blockIdx.x) % heads;
+  bool prefetched = false;  // whether this unit's Q tile is already in flight to sm.q()
+  while (cursor.rank < p.max_q_tiles) {
+    UnitCursor next = cursor;
+    next.advance(step_rank, step_bh, heads);
+    const Unit unit(p, cursor);
     if (unit.empty()) {
       if (threadIdx.x == 0) p.counts[unit.segment] = 0;
-      continue;
+    } else {
+      process_unit<T, D>(p, unit, sm, next, prefetched);
     }
-    process_unit<T, D>(p, unit, sm, u, prefetched);
+    cursor = next;
   }
 }
 

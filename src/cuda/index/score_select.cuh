@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/fast_divmod.hpp"
 #include "core/geometry.hpp"
 #include "cuda/index/seq_meta.cuh"
 #include "flashprefill/flashprefill.h"
@@ -20,6 +21,9 @@ struct ScoreParams {
   int64_t q_stride_token = 0, q_stride_head = 0;
   const void* k_rounded = nullptr;  // rho(k_mean) [B, Hkv, max_blocks, D] in the dtype
   int32_t batch = 0, num_heads_kv = 0, max_q_tiles = 0, max_blocks = 0, block_size = 128;
+  // Divisors fixed for the launch: g (packed row -> query, head), block_size (position ->
+  // block) and Hkv (unit -> request, head).
+  FastDivmod group, block, heads_kv;
   float scale_log2 = 0.f;           // softmax_scale * log2(e)
   float alpha = 0.f;
   SelectRules rules;
