@@ -7,9 +7,9 @@ PART_BYTES:
 
     accuracy/.device/part0.npz  part1.npz   (+ tokens.npz: the corpora as token ids)
 
-Call 1 carries `accuracy/.device/part0.npz`; call 2, made while the machine is still warm (ignored
-files already there are kept between calls), carries `accuracy/.device/part1.npz` and
-`accuracy/.device/tokens.npz` and runs the study with `--model accuracy/.device`.
+The parts travel in two device calls made while the machine is still warm; the first parks part 0
+outside the repo there (an ignored folder that a call does not carry is removed on the device):
+accuracy/device_stage.sh stages both calls and accuracy/device_run.sh is the second call's command.
 
     python3 accuracy/device_pack.py            # writes accuracy/.device/
 """

@@ -169,12 +169,14 @@ class Llama:
         gate, up = gu[:, :self.cfg.d_ff], gu[:, self.cfg.d_ff:]
         return x + (self.ops.silu(gate) * up) @ layer["wd"]
 
-    def logits(self, hidden, rows):
-        """hidden [L, d_model] (before the final norm) -> float32 numpy logits [len(rows), V]."""
+    def logits(self, hidden, rows, to_host: bool = True):
+        """hidden [L, d_model] (before the final norm) -> float32 logits [len(rows), V], as numpy
+        (or, with to_host=False, in the backend's array type: on the GPU they stay there)."""
         if self.ops.torch is not None:
             rows = self.ops.asarray(rows, np.int64)
         h = self._norm(hidden[rows], self.final_norm)
-        return self.ops.numpy(h @ self.lm_head.T)
+        out = h @ self.lm_head.T
+        return self.ops.numpy(out) if to_host else out
 
     def prefill(self, tokens, attention=None):
         """tokens [L] -> (hidden [L, d_model] before the final norm, cache).

@@ -2,6 +2,10 @@
 
     python3 accuracy/report.py accuracy/results/*.jsonl --out docs
 writes docs/accuracy_vs_alpha.png and accuracy/results/tables.md (pasted into docs/ACCURACY.md).
+Records of the torch selection variants (backend tv-<rule>, selection_variants.py) go to their own
+table and to docs/selection_rules.png; every other table is the library's (or the numpy reference's).
+Alpha 0 (every block selected: dense through the library, in its dtype) is the precision floor: a
+row of the tables, a dotted line in the plot.
 """
 
 from __future__ import annotations
@@ -25,11 +29,71 @@ def load(paths):
     # a dense baseline appears once per phase that used the prompt: keep one per (length, prompt)
     seen, unique = set(), []
     for r in records:
-        key = (r["length"], r["prompt"], r["config"], r["file"] if r["config"] != "dense" else "")
+        key = (r["length"], r["prompt"], r["config"], r.get("backend"),
+               r["file"] if r["config"] != "dense" else "")
         if key not in seen:
             seen.add(key)
             unique.append(r)
     return unique
+
+
+def split_variants(records):
+    """-> (library/reference records with the dense baselines, variant records)."""
+    variants = [r for r in records if str(r.get("backend", "")).startswith("tv-")]
+    return [r for r in records if r not in variants], variants
+
+
+def variant_table(records):
+    """Per length, rule and alpha over the language-model windows: density, pair density, top-1, KL."""
+    if not records:
+        return ""
+    out = ["| length | rule | alpha | correction | density (tiles) | density (pairs) | top-1 agreement | "
+           "KL(dense‖sparse) | positions |", "| ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    groups = collections.defaultdict(list)
+    for r in records:
+        groups[(r["length"], r["backend"][3:], r["alpha"], r["mean_correction"])].append(r)
+    for (length, rule, alpha, corr), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], not kv[0][3])):
+        top1, kl, n = pooled(rs)
+        out.append(f"| {length} | {rule} | {alpha:g} | {'on' if corr else 'off'} | "
+                   f"{np.mean([r['density'] for r in rs]):.3f} | "
+                   f"{np.mean([r.get('pair_density', np.nan) for r in rs]):.3f} | {100 * top1:.2f} % | "
+                   f"{kl:.2e} | {n} |")
+    return "\n".join(out) + "\n"
+
+
+def plot_variants(records, path):
+    """Top-1 agreement against pair density, one line per rule, one panel per length."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted({r["length"] for r in records})
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5.3 * len(lengths), 4.4), squeeze=False)
+    markers = {"paper": "o", "rownorm": "s", "perhead": "^", "oracle": "*"}
+    for ax, length in zip(axes[0], lengths):
+        for rule in sorted({r["backend"][3:] for r in records}):
+            for corr in (True, False):
+                rs = [r for r in records if r["length"] == length and r["backend"] == "tv-" + rule
+                      and r["mean_correction"] == corr]
+                alphas = sorted({r["alpha"] for r in rs})
+                if not alphas:
+                    continue
+                xs, ys = [], []
+                for a in alphas:
+                    cfg = [r for r in rs if r["alpha"] == a]
+                    xs.append(100 * np.mean([r["pair_density"] for r in cfg]))
+                    ys.append(100 * pooled(cfg)[0])
+                ax.plot(xs, ys, marker=markers.get(rule, "x"), ls="-" if corr else "--",
+                        label=f"{rule} corr {'on' if corr else 'off'}")
+        ax.axhline(99, color="k", lw=1, ls=":")
+        ax.set_xlabel("density (% of causal query-key pairs computed)")
+        ax.set_ylabel("top-1 agreement with dense (%)")
+        ax.set_title(f"{length} tokens (language-model windows)", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("SmolLM2-135M-Instruct: selection rules at equal density (torch, float32)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def provenance(records):
@@ -177,7 +241,11 @@ def plot(records, path):
         for corr in (True, False):
             sel = [r for r in rs if r["length"] == length and r["block_size"] == bs
                    and r["mean_correction"] == corr]
-            alphas = sorted({r["alpha"] for r in sel})
+            floor = [r for r in sel if r["alpha"] == 0]
+            if floor and corr is False and bs == max(c[0] for c in sparse_configs(rs)):
+                axes[0].axhline(100 * pooled(floor)[0], color=colors.get(length, "k"), lw=1, ls=":",
+                                label=f"{length // 1024}K bs{bs} alpha 0 (dense, library dtype)")
+            alphas = sorted({r["alpha"] for r in sel if r["alpha"] > 0})
             if not alphas:
                 continue
             alphas_seen.update(alphas)
@@ -207,7 +275,7 @@ def plot(records, path):
         ax.set_xlabel("alpha")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, ncol=2)
     fig.suptitle("SmolLM2-135M-Instruct: flashprefill prefill in all 30 layers vs dense (decode dense)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -218,15 +286,19 @@ def main():
     p.add_argument("results", nargs="+")
     p.add_argument("--out", default="docs")
     args = p.parse_args()
-    records = load(args.results)
+    records, variants = split_variants(load(args.results))
     parts = ["## Dense model check\n", perplexity_table(records),
              "## Paper default (alpha 0.1), correction on / off, every prompt\n", default_table(records),
              "## Sweeps (each table over the prompts that all its configurations ran)\n", sweep_tables(records),
              provenance(records), "## Needles\n", needle_detail(records)]
-    for length in (2048, 4096):
+    for length in (2048, 4096, 8192):
         table = per_layer_table(records, length)
         if table:
             parts += [f"## Per layer, {length} tokens (lm/kjv)\n", table]
+    if variants:
+        parts += ["## Selection rules (selection_variants.py, torch float32)\n", variant_table(variants),
+                  provenance(variants)]
+        plot_variants(variants, os.path.join(args.out, "selection_rules.png"))
     tables = os.path.join(os.path.dirname(os.path.abspath(args.results[0])), "tables.md")
     with open(tables, "w") as f:
         f.write("\n".join(parts))

@@ -94,7 +94,10 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def compare_logits(dense_logits, sparse_logits, next_tokens):
-    """Per-position next-token metrics between dense and sparse prefill logits [N, V]."""
+    """Per-position next-token metrics between dense and sparse prefill logits [N, V] (numpy arrays,
+    or torch tensors: then computed in float64 where they live)."""
+    if not isinstance(dense_logits, np.ndarray):
+        return _compare_logits_torch(dense_logits, sparse_logits, next_tokens)
     lp_d, lp_s = log_softmax(dense_logits), log_softmax(sparse_logits)
     kl = (np.exp(lp_d) * (lp_d - lp_s)).sum(axis=-1)                    # KL(dense || sparse)
     idx = np.arange(len(next_tokens))
@@ -105,4 +108,21 @@ def compare_logits(dense_logits, sparse_logits, next_tokens):
         "kl_max": float(kl.max()),
         "nll_dense": float(-lp_d[idx, next_tokens].mean()),
         "nll_sparse": float(-lp_s[idx, next_tokens].mean()),
+    }
+
+
+def _compare_logits_torch(dense_logits, sparse_logits, next_tokens):
+    import torch
+    lp_d = torch.log_softmax(dense_logits.double(), dim=-1)
+    lp_s = torch.log_softmax(sparse_logits.double(), dim=-1)
+    kl = (lp_d.exp() * (lp_d - lp_s)).sum(dim=-1)
+    idx = torch.arange(len(next_tokens), device=lp_d.device)
+    nxt = torch.as_tensor(np.asarray(next_tokens, np.int64), device=lp_d.device)
+    return {
+        "n": int(len(next_tokens)),
+        "top1_agree": float((dense_logits.argmax(-1) == sparse_logits.argmax(-1)).double().mean()),
+        "kl_mean": float(kl.mean()),
+        "kl_max": float(kl.max()),
+        "nll_dense": float(-lp_d[idx, nxt].mean()),
+        "nll_sparse": float(-lp_s[idx, nxt].mean()),
     }
