@@ -13,6 +13,7 @@
 #include "cuda/attention/combine.hpp"
 #include "cuda/attention/heuristics.hpp"
 #include "cuda/attention/launch.hpp"
+#include "cuda/attention/means.hpp"
 #include "cuda/attention/params.hpp"
 #include "cuda/backend.hpp"
 
@@ -22,6 +23,7 @@ namespace {
 using attention::AttentionParams;
 
 constexpr size_t kAlign = 256;
+constexpr int64_t kElementBytes = 2;  // bf16 / fp16
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 int sm_count() {
@@ -48,6 +50,14 @@ int32_t num_splits(const ProblemInfo& info) {
 struct PartialBytes {
   size_t o = 0, lse = 0;
 };
+
+// Bytes of one converted mean tensor (means.hpp) when mean correction is on, else 0.
+size_t lowp_mean_bytes(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
+  if (!sparse || !config.mean_correction) return 0;
+  const fp_problem& p = *info.p;
+  const int64_t rows = int64_t(p.batch_size) * p.num_heads_kv * index_sizes(info, config).max_blocks;
+  return align_up(size_t(rows) * size_t(p.head_dim) * size_t(kElementBytes));
+}
 
 PartialBytes partial_bytes(const ProblemInfo& info, int32_t splits) {
   if (splits <= 1) return {};
@@ -100,30 +110,44 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// K or V [total_k, Hkv, D] as the 3-D tensor (D, Hkv, total_k) in 64 x 1 x 64 boxes with the
-// 128-byte swizzle of the kernel's shared-memory stages. Boxes past total_k read zeros.
-fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p,
-                        int64_t stride_token, int64_t stride_head) {
+// A 16-bit tensor of `rank` dimensions (innermost first) in boxes of `box`, with the 128-byte
+// swizzle of the kernel's shared-memory stages. Boxes past the tensor read zeros.
+fp_status encode_map(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
+                     const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what) {
   const EncodeTiled encode = encode_tiled();
   if (encode == nullptr)
     return fail(FP_ERROR_CUDA, "the CUDA driver does not provide cuTensorMapEncodeTiled");
-  constexpr int64_t kBytes = 2;  // bf16 / fp16
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(base),
+                            dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return fail(FP_ERROR_CUDA, std::string("cuTensorMapEncodeTiled failed for ") + what +
+                                   " (CUresult " + std::to_string(int(r)) + ")");
+  return FP_OK;
+}
+
+// K or V [total_k, Hkv, D] as the 3-D tensor (D, Hkv, total_k) in 64 x 1 x 64 boxes.
+fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p,
+                        int64_t stride_token, int64_t stride_head, const char* what) {
   // A single head's stride is never used (coordinate 0); give TMA a legal one.
   const int64_t head_stride = p.num_heads_kv > 1 ? stride_head : stride_token;
   const cuuint64_t dims[3] = {cuuint64_t(p.head_dim), cuuint64_t(p.num_heads_kv),
                               cuuint64_t(p.total_k)};
-  const cuuint64_t strides[2] = {cuuint64_t(head_stride * kBytes),
-                                 cuuint64_t(stride_token * kBytes)};
+  const cuuint64_t strides[2] = {cuuint64_t(head_stride * kElementBytes),
+                                 cuuint64_t(stride_token * kElementBytes)};
   const cuuint32_t box[3] = {64, 1, uint32_t(kKvTile)};
-  const cuuint32_t unit[3] = {1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(base), dims,
-                            strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    return fail(FP_ERROR_CUDA, "cuTensorMapEncodeTiled failed for the KV tensor (CUresult " +
-                                   std::to_string(int(r)) + ")");
-  return FP_OK;
+  return encode_map(map, base, 3, dims, strides, box, what);
+}
+
+// Converted means [batch * Hkv * max_blocks, D] as the 2-D tensor (D, rows) in 64 x 64 boxes.
+fp_status encode_mean_map(CUtensorMap* map, const void* base, const AttentionParams& a, int d,
+                          const char* what) {
+  const cuuint64_t dims[2] = {cuuint64_t(d), cuuint64_t(int64_t(a.batch) * a.heads_kv * a.max_blocks)};
+  const cuuint64_t strides[1] = {cuuint64_t(d * kElementBytes)};
+  const cuuint32_t box[2] = {64, 64};
+  return encode_map(map, base, 2, dims, strides, box, what);
 }
 
 // Contiguous KV is fetched by TMA; paged KV (and tensors too long for 32-bit TMA coordinates)
@@ -132,9 +156,11 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   a.tma = false;
   if (p.kv_layout == FP_KV_PAGED || p.total_k <= 0 || p.total_k > INT32_MAX - kKvTile)
     return FP_OK;
-  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, p.k_stride_token, p.k_stride_head); s != FP_OK)
+  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, p.k_stride_token, p.k_stride_head, "K");
+      s != FP_OK)
     return s;
-  if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, p.v_stride_token, p.v_stride_head); s != FP_OK)
+  if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, p.v_stride_token, p.v_stride_head, "V");
+      s != FP_OK)
     return s;
   a.tma = true;
   return FP_OK;
@@ -174,17 +200,33 @@ AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
   return a;
 }
 
-fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace) {
+// Workspace: [split partials: O, LSE] [converted k means] [converted v means].
+fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_t mean_bytes) {
   const fp_problem& p = *info.p;
   if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
   a.num_splits = num_splits(info);
+  const PartialBytes bytes = partial_bytes(info, a.num_splits);
+  char* ws = static_cast<char*>(workspace);
   if (a.num_splits > 1) {
-    const PartialBytes bytes = partial_bytes(info, a.num_splits);
-    a.o_partial = static_cast<float*>(workspace);
-    a.lse_partial = reinterpret_cast<float*>(static_cast<char*>(workspace) + bytes.o);
+    a.o_partial = reinterpret_cast<float*>(ws);
+    a.lse_partial = reinterpret_cast<float*>(ws + bytes.o);
   }
   if (a.max_q_tiles == 0 || p.total_q == 0) return FP_OK;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (a.correction) {
+    char* k_lowp = ws + bytes.o + bytes.lse;
+    char* v_lowp = k_lowp + mean_bytes;
+    if (fp_status s = encode_mean_map(&a.tma_k_mean, k_lowp, a, p.head_dim, "the k means");
+        s != FP_OK)
+      return s;
+    if (fp_status s = encode_mean_map(&a.tma_v_mean, v_lowp, a, p.head_dim, "the v means");
+        s != FP_OK)
+      return s;
+    const cudaError_t e =
+        attention::launch_lowp_means(a, p.dtype, p.head_dim, k_lowp, v_lowp, stream);
+    if (e != cudaSuccess)
+      return fail(FP_ERROR_CUDA, std::string("mean conversion failed: ") + cudaGetErrorString(e));
+  }
   const bool bf16 = p.dtype == FP_BFLOAT16;
   cudaError_t err;
   if (p.head_dim == 128)
@@ -204,9 +246,9 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace) {
 
 }  // namespace
 
-size_t attention_workspace(const ProblemInfo& info, const fp_select_config&, bool) {
+size_t attention_workspace(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
   const PartialBytes bytes = partial_bytes(info, num_splits(info));
-  return bytes.o + bytes.lse;
+  return bytes.o + bytes.lse + 2 * lowp_mean_bytes(info, config, sparse);
 }
 
 fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,
@@ -225,13 +267,13 @@ fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& conf
   a.v_mean = index.v_mean;
   a.block_size = config.block_size;
   a.max_blocks = index_sizes(info, config).max_blocks;
-  return run(info, a, workspace);
+  return run(info, a, workspace, lowp_mean_bytes(info, config, true));
 }
 
 fp_status dense_attention(const ProblemInfo& info, const fp_output& output, void* workspace,
                           size_t) {
   if (fp_status s = check_supported(info, output); s != FP_OK) return s;
-  return run(info, make_params(info, output), workspace);
+  return run(info, make_params(info, output), workspace, 0);
 }
 
 }  // namespace flashprefill::cuda

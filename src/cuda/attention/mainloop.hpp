@@ -57,15 +57,39 @@ __device__ __forceinline__ void wgmma(Mma& mma, A& a, const B& b, C& c) {
   if constexpr (kARegs) warpgroup_fence_operand(a);
 }
 
+// Bias of column c of a mean window (block j = first_block + c): ln |B_J| in raw-score units
+// (the softmax applies the scale) for a block fully visible to the tile and listed by no CSR
+// entry of the segment (Eq. 6), else -inf. The producer warpgroup first writes every column as if
+// unlisted, then, after a warpgroup barrier, strikes the blocks its share of the segment's
+// entries falls in. Called by all kProducerThreads (= kBlockN) threads.
+__device__ inline void window_bias(const AttentionParams& p, const Traversal& trav,
+                                   const BlockGeometry& blocks, int32_t first_block, float* bias,
+                                   int thread) {
+  constexpr int kThreads = kWindowBlocks;
+  const int32_t j = first_block + thread;
+  bias[thread] = j < trav.visible_blocks ? log2f(float(blocks.count(j))) / p.scale_log2 : -INFINITY;
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // producer warpgroup only
+  for (int64_t e = trav.csr_end - trav.num_exact + thread; e < trav.csr_end; e += kThreads) {
+    const int32_t t = p.idx[e];
+    if (t < 0) continue;
+    const int32_t jt = blocks.block_of_tile(t);
+    // A tile past the request's last block lists nothing (end_tile <= t).
+    if (jt >= first_block && jt < first_block + kThreads && t < blocks.end_tile(jt))
+      bias[jt - first_block] = -INFINITY;
+  }
+}
+
 template <class Traits>
 struct Mainloop {
   using Element = typename Traits::Element;
   using Storage = typename Traits::SharedStorage;
   static constexpr int kStages = Traits::kStages;
+  static_assert(Traits::kProducerThreads == kWindowBlocks && Traits::kBlockN == kWindowBlocks,
+                "a mean window gives each producer thread one column");
 
-  // Exact stages are published by cp.async.mbarrier.arrive.noinc: each producer thread's arrival
-  // fires when its own copies land, so the producer never waits on a copy and runs ahead by up to
-  // kStages stages. Mean windows are written with ordinary stores and published by a fenced arrive.
+  // Stages are published on kv_loaded[stage] by kProducerThreads arrivals plus the bytes of the
+  // stage's TMA boxes; cp.async rows arrive through cp.async.mbarrier.arrive.noinc when they land,
+  // so the producer never waits on a copy and runs ahead by up to kStages stages.
   __device__ static void produce(const AttentionParams& p, const WorkTile& w,
                                  const Traversal& trav, Storage& ss) {
     using namespace cute;
@@ -111,16 +135,15 @@ struct Mainloop {
           cutlass::arch::cpasync_barrier_arrive_noinc(bar);
         }
       } else {
-        loader.load_mean_window(sK, sVt, stage.first_block, trav.visible_blocks, cur.index);
-        for (int c = thread; c < Traits::kBlockN; c += Traits::kProducerThreads) {
-          const int32_t j = stage.first_block + c;
-          const bool surrogate = j < trav.visible_blocks && block_unlisted(p, trav, blocks, j);
-          // Eq. 6: ln |B_J| added to the logit, here in raw-score units (the softmax scales).
-          ss.column_bias[cur.index][c] =
-              surrogate ? log2f(float(blocks.count(j))) / p.scale_log2 : -INFINITY;
+        // Mean window: thread 0 fetches the surrogate keys by TMA while the warpgroup writes the
+        // column biases; each thread's arrival publishes its own bias writes.
+        uint64_t* bar = &ss.kv_loaded[cur.index];
+        if (thread == 0) {
+          TxBarrier::expect_transaction(bar, 2 * Traits::kTileTmaBytes);
+          loader.tma_mean_window(sK, sVt, stage.first_block, cur.index, bar);
         }
-        cutlass::arch::fence_view_async_shared();  // st.shared -> wgmma reads
-        barrier(ss.kv_loaded[cur.index]).arrive();
+        window_bias(p, trav, blocks, stage.first_block, ss.column_bias[cur.index], thread);
+        barrier(*bar).arrive();
       }
     }
     cp_async_wait_all();  // no copy outlives its issuing thread
@@ -180,9 +203,9 @@ struct Mainloop {
     // stores (not TMA) is then made visible to the async proxy.
     auto wait_loaded = [&](int buffer, uint32_t phase, const Stage& st) {
       barrier(ss.kv_loaded[buffer]).wait(phase);
-      const bool tma_only = st.kind == StageKind::kExactTiles &&
-                            tile_by_tma(p, w.seq.len_kv, st.tile0) &&
-                            tile_by_tma(p, w.seq.len_kv, st.tile1);
+      const bool tma_only = st.kind == StageKind::kMeanWindow ||
+                            (tile_by_tma(p, w.seq.len_kv, st.tile0) &&
+                             tile_by_tma(p, w.seq.len_kv, st.tile1));
       if (!tma_only) cutlass::arch::fence_view_async_shared();
     };
     // One arrival per consumer warp once the warp's wgmmas no longer read the buffer.

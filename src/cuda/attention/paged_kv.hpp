@@ -6,7 +6,6 @@
 #include <cstdint>
 
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_conversion.h>
 
 #include "core/geometry.hpp"
 #include "cuda/attention/params.hpp"
@@ -35,6 +34,17 @@ __device__ __forceinline__ void tma_load_box(void* smem, const CUtensorMap* map,
       : "memory");
 }
 
+// One 64 x 64 TMA box of a 2-D tensor map into shared memory; its bytes complete on `bar`.
+__device__ __forceinline__ void tma_load_box_2d(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                                int32_t col, int32_t row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(col),
+      "r"(row)
+      : "memory");
+}
+
 // Whether KV tile t is fetched by TMA: contiguous KV and every row of the tile inside the
 // request (a partial last tile goes through cp.async, whose zero-fill keeps rows past the
 // request, which may be another request's or unwritten memory, away from the tensor cores).
@@ -54,21 +64,33 @@ struct TileLoader {
   const WorkTile& w;
   int32_t thread;  // 0 .. kProducerThreads - 1
 
-  // Q tile: packed row r -> query r / g of head h g + r % g (Eq. 12-13).
+  // Q tile: packed row r -> query r / g of head h g + r % g (Eq. 12-13). A thread copies one
+  // 16-byte column chunk of every kRowStep-th row; (query, head in group) advance by constant
+  // steps, so the tile costs one division per thread.
   template <class SmemQ>
   __device__ void load_q(SmemQ& sQ) const {
+    static_assert(kThreads % kChunksPerRow == 0 && Traits::kBlockM % (kThreads / kChunksPerRow) == 0);
+    constexpr int kRowStep = kThreads / kChunksPerRow;
     const Element* q = static_cast<const Element*>(p.q);
     const int64_t rows = w.seq.packed_rows();
-    for (int c = thread; c < Traits::kBlockM * kChunksPerRow; c += kThreads) {
-      const int row = c / kChunksPerRow, col = (c % kChunksPerRow) * kChunk;
-      const int64_t r = w.seq.tile_row_begin(w.tile) + row;
-      const bool valid = r < rows;
-      const Element* src = q;
-      if (valid) {
-        const int64_t head = int64_t(w.h) * p.group + w.seq.head_in_group(r);
-        src = q + (w.q_row0 + w.seq.query_index(r)) * p.q_stride_token + head * p.q_stride_head + col;
+    const int row0 = thread / kChunksPerRow, col = (thread % kChunksPerRow) * kChunk;
+    const int64_t r0 = w.seq.tile_row_begin(w.tile) + row0;
+    const int32_t g = p.group;
+    int64_t query = r0 / g;
+    int32_t head = int32_t(r0 - query * g);
+    const int32_t step_query = kRowStep / g, step_head = kRowStep % g;
+    const Element* base = q + w.q_row0 * p.q_stride_token + int64_t(w.h) * g * p.q_stride_head + col;
+    CUTE_UNROLL
+    for (int i = 0; i < Traits::kBlockM / kRowStep; ++i) {
+      const bool valid = r0 + i * kRowStep < rows;
+      const Element* src = valid ? base + query * p.q_stride_token + head * p.q_stride_head : q;
+      cp_async_16(&sQ(row0 + i * kRowStep, col), src, valid);
+      query += step_query;
+      head += step_head;
+      if (head >= g) {
+        head -= g;
+        ++query;
       }
-      cp_async_16(&sQ(row, col), src, valid);
     }
   }
 
@@ -127,31 +149,21 @@ struct TileLoader {
     }
   }
 
-  // Mean window: column c holds block first_block + c, rho(k_mean) and rho(v_mean) rounded to
-  // the dtype as the contract requires; columns past the visible blocks hold zeros.
+  // Mean window: rows [0, 128) of stage `stage` get the converted means of blocks first_block
+  // ... first_block + 127 of this (request, KV head), by TMA; issued by one thread. Rows past the
+  // head's blocks read the next head's means or zeros (finite either way; their columns are
+  // masked by the bias).
   template <class SmemK, class SmemVt>
-  __device__ void load_mean_window(SmemK& sK, SmemVt& sVt, int32_t first_block,
-                                   int32_t visible_blocks, int stage) const {
-    const int64_t base = (int64_t(w.b) * p.heads_kv + w.h) * p.max_blocks;
-    cutlass::NumericArrayConverter<Element, float, kChunk> to_element;
-    for (int c = thread; c < Traits::kBlockN * kChunksPerRow; c += kThreads) {
-      const int col_block = c / kChunksPerRow, d = (c % kChunksPerRow) * kChunk;
-      const int32_t j = first_block + col_block;
-      cutlass::Array<float, kChunk> km, vm;
-      km.fill(0.f);
-      vm.fill(0.f);
-      if (j < visible_blocks) {
-        const float4* ks = reinterpret_cast<const float4*>(p.k_mean + (base + j) * kD + d);
-        const float4* vs = reinterpret_cast<const float4*>(p.v_mean + (base + j) * kD + d);
-        float4* kd = reinterpret_cast<float4*>(km.data());
-        float4* vd = reinterpret_cast<float4*>(vm.data());
-        for (int i = 0; i < kChunk / 4; ++i) {
-          kd[i] = ks[i];
-          vd[i] = vs[i];
-        }
+  __device__ void tma_mean_window(SmemK& sK, SmemVt& sVt, int32_t first_block, int stage,
+                                  uint64_t* bar) const {
+    const int32_t row = (w.b * p.heads_kv + w.h) * p.max_blocks + first_block;
+    CUTE_UNROLL
+    for (int half = 0; half < Traits::kBlockN / kKvTile; ++half) {
+      CUTE_UNROLL
+      for (int c = 0; c < kD; c += Traits::kBoxCols) {
+        tma_load_box_2d(&sK(half * kKvTile, c, stage), &p.tma_k_mean, bar, c, row + half * kKvTile);
+        tma_load_box_2d(&sVt(c, half * kKvTile, stage), &p.tma_v_mean, bar, c, row + half * kKvTile);
       }
-      *reinterpret_cast<cutlass::Array<Element, kChunk>*>(&sK(col_block, d, stage)) = to_element(km);
-      *reinterpret_cast<cutlass::Array<Element, kChunk>*>(&sVt(d, col_block, stage)) = to_element(vm);
     }
   }
 };

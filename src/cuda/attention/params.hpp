@@ -14,6 +14,9 @@ struct AttentionParams {
   // Paged KV goes through cp.async and KvAddress instead; tma is false then.
   CUtensorMap tma_k{}, tma_v{};
   bool tma = false;
+  // Mean correction: the surrogate keys rho(k_mean), rho(v_mean) converted into the workspace
+  // (means.cu), as 2-D tensors (D, batch * Hkv * max_blocks) in 64 x 64 boxes.
+  CUtensorMap tma_k_mean{}, tma_v_mean{};
 
   // Queries [total_q, Hq, D] and lengths.
   const void* q = nullptr;

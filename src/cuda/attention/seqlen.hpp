@@ -18,15 +18,16 @@ struct WorkTile {
   __device__ bool empty() const { return tile >= seq.num_q_tiles(); }
 };
 
-// Tiles with more causal work come first: tile ids descend across the grid, so the longest
-// tiles of every (request, head) start in the first wave.
+// Requests one after another, and inside a request the tiles with more causal work first (tile
+// ids descend, KV heads innermost): the CTAs resident at a time then belong to one request and
+// walk the same KV heads together, so its K/V stay in L2 across them.
 __device__ inline WorkTile decode_work(const AttentionParams& p, int32_t linear, int32_t split) {
   WorkTile w;
-  const int32_t heads = p.batch * p.heads_kv;
-  w.tile = p.max_q_tiles - 1 - linear / heads;
-  const int32_t bh = linear % heads;
-  w.b = bh / p.heads_kv;
-  w.h = bh % p.heads_kv;
+  const int32_t per_request = p.max_q_tiles * p.heads_kv;
+  w.b = linear / per_request;
+  const int32_t rest = linear % per_request;
+  w.tile = p.max_q_tiles - 1 - rest / p.heads_kv;
+  w.h = rest % p.heads_kv;
   w.split = split;
   w.q_row0 = p.cu_seqlens_q[w.b];
   w.seq.group = p.group;

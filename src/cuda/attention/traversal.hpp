@@ -111,18 +111,4 @@ struct StageSequence {
   }
 };
 
-// True when no listed tile of the segment falls in block j: the block gets a surrogate key.
-// The segment's ids ascend, so a binary search finds the first id at or after the block.
-__device__ inline bool block_unlisted(const AttentionParams& p, const Traversal& t,
-                                      const BlockGeometry& blocks, int32_t j) {
-  if (!p.sparse) return false;
-  const int32_t lo_tile = blocks.first_tile(j), hi_tile = blocks.end_tile(j);
-  int64_t lo = t.csr_end - t.num_exact, hi = t.csr_end;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (p.idx[mid] < lo_tile) lo = mid + 1; else hi = mid;
-  }
-  return lo == t.csr_end || p.idx[lo] >= hi_tile;
-}
-
 }  // namespace flashprefill::cuda::attention
