@@ -40,4 +40,6 @@ for phase in $phases; do
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
-python3 accuracy/report.py "$out"/*.jsonl --out docs
+# The CPU study's plot stays beside its results; docs/accuracy_vs_alpha.png is the GPU study's
+# (docs/ACCURACY.md gives its report command).
+python3 accuracy/report.py "$out"/*.jsonl --out "$out"
