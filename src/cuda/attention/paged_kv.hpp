@@ -1,6 +1,7 @@
-// Producer-side copies into the shared-memory stages. Every global row goes through KvAddress
-// (Eq. 22), so contiguous and paged KV of any page size share one cp.async path; rows past the
-// sequence are zero-filled so that no stale value can reach the tensor cores.
+// Producer-side copies into the shared-memory stages: TMA boxes for full KV tiles of contiguous KV
+// and for mean windows (the converted means of means.hpp); cp.async for the Q tile, for paged KV
+// of any page size (Eq. 22) and for a request's partial last tile, whose rows past the sequence
+// are zero-filled so that no stale value can reach the tensor cores.
 #pragma once
 
 #include <cstdint>
