@@ -1,5 +1,6 @@
 // The attention stage's CUDA entry points (cuda/backend.hpp): check what this kernel supports,
-// fill AttentionParams, carve the split partials out of the workspace, launch, combine.
+// fill AttentionParams, encode the TMA descriptors, carve the split partials and the converted
+// means out of the workspace, launch, combine.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
