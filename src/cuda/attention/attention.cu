@@ -1,12 +1,13 @@
 // The attention stage's CUDA entry points (cuda/backend.hpp): check what this kernel supports,
-// fill AttentionParams, encode the TMA descriptors, carve the split partials and the converted
-// means out of the workspace, launch, combine.
+// fill AttentionParams, encode the TMA descriptors, carve the scheduler's state, the split
+// partials and the converted means out of the workspace, launch, combine.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <string>
 
 #include <cutlass/numeric_types.h>
@@ -16,6 +17,7 @@
 #include "cuda/attention/launch.hpp"
 #include "cuda/attention/means.hpp"
 #include "cuda/attention/params.hpp"
+#include "cuda/attention/schedule_prep.hpp"
 #include "cuda/backend.hpp"
 
 namespace flashprefill::cuda {
@@ -201,13 +203,30 @@ AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
   return a;
 }
 
-// Workspace: [split partials: O, LSE] [converted k means] [converted v means].
+// Work items the persistent grid may number: every request's query tiles (at most
+// ceil(g total_q / 128) + batch) times KV heads times splits.
+int64_t max_items(const ProblemInfo& info, int32_t splits) {
+  const fp_problem& p = *info.p;
+  const int64_t tiles = std::min<int64_t>(
+      ceil_div(int64_t(info.group) * p.total_q, kTileRows) + p.batch_size,
+      int64_t(info.max_q_tiles) * p.batch_size);
+  return tiles * p.num_heads_kv * splits;
+}
+
+// Workspace: [scheduler] [split partials: O, LSE] [converted k means] [converted v means].
 fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_t mean_bytes) {
   const fp_problem& p = *info.p;
   if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
   a.num_splits = num_splits(info);
+  const int64_t items = max_items(info, a.num_splits);
+  if (items > INT32_MAX - int64_t(sm_count()))
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention numbers at most 2^31 work items (query tiles x "
+                                      "KV heads x splits); this problem has up to " +
+                                          std::to_string(items));
+  a.ctas = int32_t(std::min<int64_t>(items, sm_count()));
   const PartialBytes bytes = partial_bytes(info, a.num_splits);
-  char* ws = static_cast<char*>(workspace);
+  char* const sched = static_cast<char*>(workspace);
+  char* ws = sched + align_up(attention::schedule_bytes(p.batch_size));
   if (a.num_splits > 1) {
     a.o_partial = reinterpret_cast<float*>(ws);
     a.lse_partial = reinterpret_cast<float*>(ws + bytes.o);
@@ -228,6 +247,8 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
     if (e != cudaSuccess)
       return fail(FP_ERROR_CUDA, std::string("mean conversion failed: ") + cudaGetErrorString(e));
   }
+  if (const cudaError_t e = attention::launch_prepare_schedule(a, sched, stream); e != cudaSuccess)
+    return fail(FP_ERROR_CUDA, std::string("scheduler preparation failed: ") + cudaGetErrorString(e));
   const bool bf16 = p.dtype == FP_BFLOAT16;
   cudaError_t err;
   if (p.head_dim == 128)
@@ -249,7 +270,8 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
 
 size_t attention_workspace(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
   const PartialBytes bytes = partial_bytes(info, num_splits(info));
-  return bytes.o + bytes.lse + 2 * lowp_mean_bytes(info, config, sparse);
+  return align_up(attention::schedule_bytes(info.p->batch_size)) + bytes.o + bytes.lse +
+         2 * lowp_mean_bytes(info, config, sparse);
 }
 
 fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,

@@ -1,5 +1,9 @@
-// The attention kernel: one CTA per (query tile, request x KV head, split); warpgroup 0 produces,
-// warpgroups 1-2 consume, with registers moved from the producer to the consumers.
+// The attention kernel: a persistent grid (one CTA per SM) whose CTAs claim work items, each a
+// (query tile, request x KV head, split), from the scheduler (scheduler.hpp). Warpgroup 0
+// produces, warpgroups 1-2 consume, with registers moved from the producer to the consumers.
+// The shared-memory pipeline runs on across items: while the consumers finish an item (its last
+// stages, softmax and stores), the producer already fetches the next item's first KV stage and,
+// once the last S = Q K^T is done, its Q tile.
 #pragma once
 
 #include <cutlass/arch/reg_reconfig.h>
@@ -7,36 +11,95 @@
 #include "cuda/attention/kernel_traits.hpp"
 #include "cuda/attention/mainloop.hpp"
 #include "cuda/attention/params.hpp"
-#include "cuda/attention/seqlen.hpp"
-#include "cuda/attention/traversal.hpp"
+#include "cuda/attention/scheduler.hpp"
 
 namespace flashprefill::cuda::attention {
+
+// Position in the two-slot ring of decoded items.
+struct SlotCursor {
+  int index = 0;
+  uint32_t phase = 0;
+  __device__ void advance() {
+    index ^= 1;
+    if (index == 0) phase ^= 1u;
+  }
+};
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   using Storage = typename Traits::SharedStorage;
+  constexpr int kStages = Traits::kStages;
   extern __shared__ char smem[];
   Storage& ss = *reinterpret_cast<Storage*>(smem);
 
-  const WorkTile w = decode_work(p, blockIdx.x, blockIdx.y);
-  if (w.empty()) return;  // uniform over the CTA, before any barrier is used
   if (threadIdx.x == 0) {
     barrier(ss.q_loaded).init(Traits::kProducerThreads);
-    for (int s = 0; s < Traits::kStages; ++s) {
+    barrier(ss.q_consumed).init(Traits::kConsumerWarps);
+    for (int s = 0; s < kStages; ++s) {
       barrier(ss.kv_loaded[s]).init(Traits::kProducerThreads);
       barrier(ss.kv_consumed[s]).init(Traits::kConsumerWarps);
+    }
+    for (int s = 0; s < 2; ++s) {
+      barrier(ss.work_full[s]).init(1);
+      barrier(ss.work_empty[s]).init(Traits::kThreads / 32);
     }
   }
   __syncthreads();  // barriers initialized
 
-  const Traversal trav = Traversal::make(p, w);
-  if (threadIdx.x < Traits::kProducerThreads) {
+  const bool producer = threadIdx.x < Traits::kProducerThreads;
+  const bool lane0 = threadIdx.x % 32 == 0;
+  StageCursor<kStages> stages;
+  SlotCursor slot;
+  uint32_t q_phase = 0;
+
+  if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-    Mainloop<Traits>::produce(p, w, trav, ss);
+    const bool scheduler = threadIdx.x == 0;
+    ItemDecoder decoder;
+    // Thread 0 writes the decoded item `item` into the ring slot `at`.
+    auto publish = [&](int32_t item, SlotCursor at) {
+      wait_ordered(ss.work_empty[at.index], at.phase ^ 1u);
+      decoder.decode(p, item, ss.work[at.index]);
+      arrive_ordered(ss.work_full[at.index]);
+    };
+    // Item k + 1 is claimed when item k starts and decoded once item k's Q tile is on its way,
+    // while the consumers still finish item k - 1: neither the atomic nor the decoder's dependent
+    // loads (lengths, CSR offsets) delay a stage.
+    int32_t claimed = 0;
+    if (scheduler) {
+      publish(blockIdx.x, slot);
+      claimed = p.ctas + atomicAdd(p.work_counter, 1);
+    }
+    for (;;) {
+      wait_ordered(ss.work_full[slot.index], slot.phase);
+      const ScheduledWork& sw = ss.work[slot.index];
+      if (!sw.valid) break;
+      SlotCursor following = slot;
+      following.advance();
+      Mainloop<Traits>::produce(p, sw.w, sw.trav, ss, stages, q_phase, [&] {
+        if (!scheduler) return;
+        publish(claimed, following);
+        claimed = p.ctas + atomicAdd(p.work_counter, 1);
+      });
+      q_phase ^= 1u;
+      __syncwarp();
+      if (lane0) arrive_ordered(ss.work_empty[slot.index]);
+      slot = following;
+    }
+    cp_async_wait_all();  // no copy outlives its issuing thread
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    Mainloop<Traits>::consume(p, w, trav, ss);
+    for (;;) {
+      wait_ordered(ss.work_full[slot.index], slot.phase);
+      const ScheduledWork sw = ss.work[slot.index];
+      __syncwarp();
+      if (lane0) arrive_ordered(ss.work_empty[slot.index]);
+      slot.advance();
+      if (!sw.valid) break;
+      Mainloop<Traits>::consume(p, sw.w, sw.trav, ss, stages, q_phase);
+      q_phase ^= 1u;
+    }
   }
 }
 

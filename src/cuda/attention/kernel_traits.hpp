@@ -10,6 +10,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "core/geometry.hpp"
+#include "cuda/attention/scheduler.hpp"
 
 namespace flashprefill::cuda::attention {
 
@@ -29,9 +30,11 @@ struct KernelTraits {
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   // setmaxnreg budgets: the consumers' increase must fit in what the producer releases from the
   // launch allocation (65536 / 384 rounded down to 168 per thread), or setmaxnreg.inc waits forever.
+  // 56 for the producer: with 40 its per-item state (scheduler, Q copy) spilled to local memory,
+  // and the consumers need no more than 224 (no spills at D = 128).
   static constexpr int kLaunchRegs = 168;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <=
                 kLaunchRegs * (kProducerThreads + kConsumerThreads));
   static constexpr int kChunk = 16 / sizeof(Element);  // elements per 16-byte copy
@@ -73,9 +76,12 @@ struct KernelTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
     float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| / scale_log2, or -inf
+    ScheduledWork work[2];                // the scheduler's ring of decoded items
     alignas(8) uint64_t q_loaded;
+    uint64_t q_consumed;                  // the consumers' last S = Q K^T of an item is done
     uint64_t kv_loaded[kStages];
     uint64_t kv_consumed[kStages];
+    uint64_t work_full[2], work_empty[2];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 limit");

@@ -1,4 +1,4 @@
-// Definition of launch_attention: grid = (query tiles x requests x KV heads, splits).
+// Definition of launch_attention: the persistent grid, p.ctas CTAs (one per SM at most).
 #pragma once
 
 #include "cuda/attention/kernel.cuh"
@@ -13,8 +13,7 @@ cudaError_t launch_attention(const AttentionParams& p, cudaStream_t stream) {
   static const cudaError_t attribute = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
   if (attribute != cudaSuccess) return attribute;
-  const dim3 grid(unsigned(int64_t(p.max_q_tiles) * p.batch * p.heads_kv), unsigned(p.num_splits));
-  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
+  kernel<<<unsigned(p.ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 

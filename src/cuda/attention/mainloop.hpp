@@ -1,7 +1,8 @@
-// The two roles of the warp-specialized mainloop. Both walk the same StageSequence. The producer
-// warpgroup fills shared-memory stages (exact KV tiles by cp.async through KvAddress, mean
-// windows by converting the pooled means); the consumer warpgroups run S = Q K^T, the mask or
-// mean shift, the online softmax and O += P V on wgmma for every stage, then the epilogue.
+// The two roles of the warp-specialized mainloop, run once per work item. Both walk the same
+// StageSequence. The producer warpgroup fills shared-memory stages (exact KV tiles by TMA or by
+// cp.async through KvAddress, mean windows by TMA from the converted means); the consumer
+// warpgroups run S = Q K^T, the mask or mean shift, the online softmax and O += P V on wgmma for
+// every stage, then the epilogue.
 #pragma once
 
 #include <cmath>
@@ -14,6 +15,7 @@
 #include "cuda/attention/kernel_traits.hpp"
 #include "cuda/attention/mask.hpp"
 #include "cuda/attention/paged_kv.hpp"
+#include "cuda/attention/scheduler.hpp"
 #include "cuda/attention/softmax.hpp"
 #include "cuda/attention/traversal.hpp"
 
@@ -89,47 +91,50 @@ struct Mainloop {
 
   // Stages are published on kv_loaded[stage] by kProducerThreads arrivals plus the bytes of the
   // stage's TMA boxes; cp.async rows arrive through cp.async.mbarrier.arrive.noinc when they land,
-  // so the producer never waits on a copy and runs ahead by up to kStages stages.
+  // so the producer never waits on a copy and runs ahead by up to kStages stages, across items.
+  // The item's Q tile follows its first stage: that stage's buffer frees before the consumers
+  // have finished the previous item's last S = Q K^T, which the Q buffer waits for. Then
+  // after_q() runs (the scheduler decodes the next item while the buffers are still busy).
+  template <class AfterQ>
   __device__ static void produce(const AttentionParams& p, const WorkTile& w,
-                                 const Traversal& trav, Storage& ss) {
+                                 const Traversal& trav, Storage& ss, StageCursor<kStages>& cur,
+                                 uint32_t q_phase, AfterQ&& after_q) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.vt.data()), typename Traits::SmemLayoutVt{});
     const int thread = threadIdx.x % Traits::kProducerThreads;
     const TileLoader<Traits> loader{p, w, thread};
-
-    loader.load_q(sQ);
-    cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
+    bool q_issued = false;
+    auto issue_q = [&] {
+      barrier(ss.q_consumed).wait(q_phase ^ 1u);
+      loader.load_q(sQ);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
+      q_issued = true;
+      after_q();
+    };
 
     const BlockGeometry blocks{p.block_size, w.seq.len_kv};
     StageSequence sequence(trav);
-    StageCursor<kStages> cur;
     // The next stage's tile ids are read from the index before waiting for its buffer (Eq. 17).
     for (Stage stage = sequence.next(p); stage.kind != StageKind::kEnd;
          stage = sequence.next(p), cur.advance()) {
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
+      uint64_t* bar = &ss.kv_loaded[cur.index];
       if (stage.kind == StageKind::kExactTiles) {
         // Full tiles of contiguous KV come by TMA (one thread issues them and expects their
         // bytes); the rest by cp.async, each thread arriving when its own copies land. Either
         // way the barrier sees kProducerThreads arrivals.
-        uint64_t* bar = &ss.kv_loaded[cur.index];
         const bool tma0 = loader.tma_tile(stage.tile0), tma1 = loader.tma_tile(stage.tile1);
         const uint32_t tma_bytes = (int(tma0) + int(tma1)) * Traits::kTileTmaBytes;
+        if (thread == 0 && tma_bytes != 0) {
+          TxBarrier::expect_transaction(bar, tma_bytes);
+          if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
+          if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+        }
         if (tma0 && tma1) {
-          if (thread == 0) {
-            TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
-            loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
-            loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
-          } else {
-            barrier(*bar).arrive();
-          }
+          barrier(*bar).arrive();
         } else {
-          if (thread == 0 && tma_bytes != 0) {
-            TxBarrier::expect_transaction(bar, tma_bytes);
-            if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
-            if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
-          }
           if (!tma0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
           if (!tma1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
           cutlass::arch::cpasync_barrier_arrive_noinc(bar);
@@ -137,7 +142,6 @@ struct Mainloop {
       } else {
         // Mean window: thread 0 fetches the surrogate keys by TMA while the warpgroup writes the
         // column biases; each thread's arrival publishes its own bias writes.
-        uint64_t* bar = &ss.kv_loaded[cur.index];
         if (thread == 0) {
           TxBarrier::expect_transaction(bar, 2 * Traits::kTileTmaBytes);
           loader.tma_mean_window(sK, sVt, stage.first_block, cur.index, bar);
@@ -145,14 +149,17 @@ struct Mainloop {
         window_bias(p, trav, blocks, stage.first_block, ss.column_bias[cur.index], thread);
         barrier(*bar).arrive();
       }
+      if (!q_issued) issue_q();
     }
-    cp_async_wait_all();  // no copy outlives its issuing thread
+    if (!q_issued) issue_q();
   }
 
   // Intra-warpgroup overlap (Eq. 14): while the softmax of stage n runs on the CUDA cores, the
   // tensor cores finish P_{n-1} V_{n-1}; S_n = Q K_n is issued before both.
+  // The cursor carries the pipeline position from item to item; q_phase is the item's parity.
   __device__ static void consume(const AttentionParams& p, const WorkTile& w,
-                                 const Traversal& trav, Storage& ss) {
+                                 const Traversal& trav, Storage& ss, StageCursor<kStages>& cur,
+                                 uint32_t q_phase) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
@@ -213,6 +220,11 @@ struct Mainloop {
       __syncwarp();
       if (threadIdx.x % 32 == 0) barrier(ss.kv_consumed[buffer]).arrive();
     };
+    // The same for the Q tile, after the item's last S = Q K^T has landed.
+    auto release_q = [&]() {
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) barrier(ss.q_consumed).arrive();
+    };
     auto to_p = [&]() {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) rP(i) = Element(tSrS(i));
@@ -223,14 +235,16 @@ struct Mainloop {
     float factors[2];
     StageSequence sequence(trav);
     Stage stage = sequence.next(p);
-    barrier(ss.q_loaded).wait(0);
+    barrier(ss.q_loaded).wait(q_phase);
     cutlass::arch::fence_view_async_shared();
-    StageCursor<kStages> cur;
-    if (stage.kind != StageKind::kEnd) {
+    if (stage.kind == StageKind::kEnd) {
+      release_q();
+    } else {
       Stage next = sequence.next(p);  // prefetched: its index loads overlap this stage's math
       wait_loaded(cur.index, cur.phase, stage);
       wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
       warpgroup_wait<0>();
+      if (next.kind == StageKind::kEnd) release_q();
       to_logits(cur.index, stage);
       softmax.update(s, factors);
       to_p();
@@ -243,6 +257,7 @@ struct Mainloop {
         wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
         wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
         warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
+        if (next.kind == StageKind::kEnd) release_q();
         to_logits(cur.index, stage);
         softmax.update(s, factors);
         warpgroup_wait<0>();
@@ -254,6 +269,7 @@ struct Mainloop {
       wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
       warpgroup_wait<0>();
       release(prev);
+      cur.advance();  // the next item starts on the following stage
     }
     float lse[2];
     softmax.finalize(o, lse);

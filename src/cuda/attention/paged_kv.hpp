@@ -81,7 +81,9 @@ struct TileLoader {
     int32_t head = int32_t(r0 - query * g);
     const int32_t step_query = kRowStep / g, step_head = kRowStep % g;
     const Element* base = q + w.q_row0 * p.q_stride_token + int64_t(w.h) * g * p.q_stride_head + col;
-    CUTE_UNROLL
+    // Not unrolled: the producer runs on few registers; unrolled, the 16 row addresses spilled to
+    // local memory and the reloads serialized the copies (ncu: the consumers' wait for Q doubled).
+#pragma unroll 1
     for (int i = 0; i < Traits::kBlockM / kRowStep; ++i) {
       const bool valid = r0 + i * kRowStep < rows;
       const Element* src = valid ? base + query * p.q_stride_token + head * p.q_stride_head : q;

@@ -65,6 +65,13 @@ struct AttentionParams {
   int32_t num_splits = 1;
   float* o_partial = nullptr;
   float* lse_partial = nullptr;
+
+  // Persistent scheduling (scheduler.hpp): `ctas` resident CTAs claim items from work_counter;
+  // tile_prefix[b] = query tiles of requests before b (batch + 1 entries). Both live in the
+  // workspace and are written by prepare_schedule before every launch.
+  int32_t ctas = 1;
+  int32_t* work_counter = nullptr;
+  int32_t* tile_prefix = nullptr;
 };
 
 }  // namespace flashprefill::cuda::attention

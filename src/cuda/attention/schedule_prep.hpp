@@ -1,0 +1,18 @@
+// Per-call preparation of the persistent scheduler (scheduler.hpp): the work counter set to zero
+// and the prefix of query tiles over the batch, both in the attention workspace.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/attention/params.hpp"
+
+namespace flashprefill::cuda::attention {
+
+// Bytes of workspace the scheduler needs for `batch` requests (counter + batch + 1 prefix entries).
+inline size_t schedule_bytes(int32_t batch) { return sizeof(int32_t) * (size_t(batch) + 2); }
+
+// Points p.work_counter / p.tile_prefix at `workspace` and launches the one-CTA kernel that fills
+// them on `stream`.
+cudaError_t launch_prepare_schedule(AttentionParams& p, void* workspace, cudaStream_t stream);
+
+}  // namespace flashprefill::cuda::attention

@@ -1,0 +1,80 @@
+// The persistent grid's tile scheduler. Work items are numbered request by request, inside a
+// request from the query tile with the most causal work down to the least, KV heads and then
+// splits innermost: item = ((tile_prefix[b] + heavy-first rank) * Hkv + h) * splits + split.
+// Only tiles that exist are numbered (tile_prefix, written by prepare_schedule each call), so a
+// varlen batch of unequal lengths claims no empty items.
+//
+// A CTA starts on item blockIdx.x and then claims gridDim.x + atomicAdd(counter, 1) at the start
+// of each item, so items are taken in order by whichever SM frees first: the SMs working at one
+// time hold a window of consecutive items (one request's K/V heads, good for L2), and the
+// lightest tiles of the last request run last. One producer thread decodes each claimed item
+// (lengths, CSR segment, split range) into a shared-memory slot of a two-slot ring; every warp
+// reads the slot after work_full and frees it on work_empty.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "cuda/attention/params.hpp"
+#include "cuda/attention/seqlen.hpp"
+#include "cuda/attention/traversal.hpp"
+
+namespace flashprefill::cuda::attention {
+
+struct ScheduledWork {
+  WorkTile w;
+  Traversal trav;
+  int32_t valid = 0;  // 0: no items are left, the CTA stops
+};
+
+// Claimed items grow monotonically per CTA, so the request search starts at the last request.
+struct ItemDecoder {
+  int32_t request = 0;
+  int32_t total_items = -1;  // read on first use (written by prepare_schedule)
+
+  __device__ void decode(const AttentionParams& p, int32_t item, ScheduledWork& out) {
+    const int32_t per_tile = p.heads_kv * p.num_splits;
+    if (total_items < 0) total_items = p.tile_prefix[p.batch] * per_tile;
+    if (item >= total_items) {
+      out.valid = 0;
+      return;
+    }
+    const int32_t linear = item / per_tile, rest = item - linear * per_tile;
+    // The last request whose first tile is at or before `linear` (empty requests are skipped:
+    // their successor starts at the same prefix).
+    int32_t lo = request, hi = p.batch - 1;
+    while (lo < hi) {
+      const int32_t mid = (lo + hi + 1) / 2;
+      if (p.tile_prefix[mid] <= linear) lo = mid;
+      else hi = mid - 1;
+    }
+    request = lo;
+    const int32_t first = p.tile_prefix[lo], tiles = p.tile_prefix[lo + 1] - first;
+    const int32_t h = rest / p.num_splits;
+    out.w = make_work(p, lo, h, tiles - 1 - (linear - first), rest - h * p.num_splits);
+    out.trav = Traversal::make(p, out.w);
+    out.valid = 1;
+  }
+};
+
+// mbarrier arrive and wait that also keep the compiler from moving shared-memory accesses across
+// them (CUTLASS's wrappers carry no memory clobber; the hardware's release/acquire does the rest).
+__device__ __forceinline__ void arrive_ordered(uint64_t& bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(
+                   cute::cast_smem_ptr_to_uint(&bar))
+               : "memory");
+}
+__device__ __forceinline__ void wait_ordered(uint64_t& bar, uint32_t phase) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(cute::cast_smem_ptr_to_uint(&bar)),
+      "r"(phase)
+      : "memory");
+}
+
+}  // namespace flashprefill::cuda::attention
