@@ -345,22 +345,25 @@ Result run_cpu(const Inputs& in, const fp_select_config* config, HostIndex* ix, 
   return widen(bits, lse, in.g.dtype);
 }
 
-// The same call on the GPU with poisoned output and LSE.
+// The same call on the GPU with poisoned output and LSE. out_pad > 0 spaces the output's heads
+// out_pad elements apart (rows no longer 16-byte aligned: the epilogue's element-pair stores).
 Result run_gpu(const Inputs& in, DeviceInputs& dev, const fp_select_config* config,
-               HostIndex* ix, int splits) {
+               HostIndex* ix, int splits, int out_pad = 0) {
   if (splits > 0)
     setenv("FLASHPREFILL_ATTENTION_SPLITS", std::to_string(splits).c_str(), 1);
   else
     unsetenv("FLASHPREFILL_ATTENTION_SPLITS");
   const size_t n = size_t(in.total_q) * in.g.heads_q * in.g.head_dim;
-  DeviceBuffer<uint16_t> out(std::max<size_t>(n, 1));
+  const int64_t head_stride = in.g.head_dim + out_pad;
+  const size_t stored = size_t(in.total_q) * in.g.heads_q * size_t(head_stride);
+  DeviceBuffer<uint16_t> out(std::max<size_t>(stored, 1));
   DeviceBuffer<float> lse(std::max<size_t>(size_t(in.g.heads_q) * in.total_q, 1));
   CUDA_OK(cudaMemset(out.ptr, 0xFF, out.count * 2));  // NaN in bf16 and fp16
   CUDA_OK(cudaMemset(lse.ptr, 0xFF, lse.count * 4));
   fp_output o{};
   o.out = out.ptr;
-  o.out_stride_token = int64_t(in.g.heads_q) * in.g.head_dim;
-  o.out_stride_head = in.g.head_dim;
+  o.out_stride_token = int64_t(in.g.heads_q) * head_stride;
+  o.out_stride_head = head_stride;
   o.lse = lse.ptr;
   size_t ws = 0;
   DeviceBuffer<int32_t> cu, idx;
@@ -383,9 +386,12 @@ Result run_gpu(const Inputs& in, DeviceInputs& dev, const fp_select_config* conf
   }
   CUDA_OK(cudaDeviceSynchronize());
   unsetenv("FLASHPREFILL_ATTENTION_SPLITS");
-  std::vector<uint16_t> bits = out.download();
+  std::vector<uint16_t> padded = out.download();
   std::vector<float> l = lse.download();
-  bits.resize(n);
+  std::vector<uint16_t> bits(n);
+  for (size_t row = 0; row < n / size_t(in.g.head_dim); ++row)
+    std::copy_n(padded.begin() + ptrdiff_t(row * size_t(head_stride)), in.g.head_dim,
+                bits.begin() + ptrdiff_t(row * size_t(in.g.head_dim)));
   l.resize(size_t(in.g.heads_q) * in.total_q);
   return widen(bits, l, in.g.dtype);
 }
@@ -520,6 +526,8 @@ void check_geometry(const Geometry& g, const std::vector<int>& page_sizes, bool 
     compare(tag + " dense vs gpu float32", gpu_dense, run_gpu_float_reference(in, dev));
   }
   compare(tag + " dense split 3 vs 1", run_gpu(in, dev, nullptr, nullptr, 3), gpu_dense);
+  compare(tag + " dense, heads 2 elements apart", run_gpu(in, dev, nullptr, nullptr, 0, 2),
+          gpu_dense);
 
   // alpha = 0 selects everything: sparse mode equals exact attention.
   if (full) {

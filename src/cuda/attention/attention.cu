@@ -199,6 +199,7 @@ AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
   a.out = out.out;
   a.out_stride_token = out.out_stride_token;
   a.out_stride_head = out.out_stride_head;
+  a.out_vec16 = aligned16(out.out) && out.out_stride_token % 8 == 0 && out.out_stride_head % 8 == 0;
   a.lse = out.lse;
   return a;
 }

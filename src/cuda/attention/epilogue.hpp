@@ -11,6 +11,24 @@
 
 namespace flashprefill::cuda::attention {
 
+// A 4 x 4 transpose of 32-bit values across the four lanes of a quad: on entry lane q holds
+// a[c] = M[q][c]; on return b[r] = M[r][q]. Round s sends a[(q + s) % 4] to lane (q + s) % 4,
+// which is exactly the element that lane wants from lane q. Called by all 32 lanes.
+__device__ __forceinline__ void quad_transpose(const uint32_t (&a)[4], uint32_t (&b)[4]) {
+  const int lane = threadIdx.x % 32, q = lane % 4;
+  auto pick = [&](int i) { return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3]; };
+  CUTE_UNROLL
+  for (int r = 0; r < 4; ++r) b[r] = a[r];  // b[q] = a[q]; the rest are overwritten below
+  CUTE_UNROLL
+  for (int s = 1; s < 4; ++s) {
+    const uint32_t got = __shfl_sync(0xffffffffu, pick((q + s) & 3), (lane & ~3) | ((q - s) & 3));
+    const int from = (q - s) & 3;
+    CUTE_UNROLL
+    for (int r = 0; r < 4; ++r)
+      if (r == from) b[r] = got;
+  }
+}
+
 template <class Element, int kHeadDim, class Out, class Coords>
 __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkTile& w,
                                            const Out& o, const Coords& coord,
@@ -19,6 +37,38 @@ __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkT
   using cute::size;
   const int64_t rows = w.seq.packed_rows();
   const int64_t heads_q = int64_t(p.heads_kv) * p.group;
+  if (p.num_splits == 1 && p.out_vec16) {
+    // The quad's four threads share a row and hold interleaved column pairs (8 j + 2 q, + 1 in
+    // group j); after a transpose each owns a whole 8-column group and writes it as one 16-byte
+    // store: a quarter of the store instructions and of the cache lines each one touches.
+    static_assert(kHeadDim % 32 == 0 && sizeof(Element) == 2);
+    const int q = threadIdx.x % 4;
+    CUTE_UNROLL
+    for (int m = 0; m < 2; ++m) {
+      const int64_t r = w.seq.tile_row_begin(w.tile) + get<0>(coord(m, 0));
+      const bool valid = r < rows;
+      const int64_t token = valid ? w.q_row0 + w.seq.query_index(r) : 0;  // Eq. 13
+      const int64_t head = valid ? int64_t(w.h) * p.group + w.seq.head_in_group(r) : 0;
+      Element* out = static_cast<Element*>(p.out) + token * p.out_stride_token +
+                     head * p.out_stride_head;
+      CUTE_UNROLL
+      for (int k = 0; k < kHeadDim / 32; ++k) {
+        uint32_t a[4], b[4];
+        CUTE_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          cutlass::Array<Element, 2> pair;
+          pair[0] = Element(o(m, 2 * (4 * k + c)));
+          pair[1] = Element(o(m, 2 * (4 * k + c) + 1));
+          a[c] = reinterpret_cast<const uint32_t&>(pair);
+        }
+        quad_transpose(a, b);
+        const int col = get<1>(coord(m, 2 * (4 * k + q))) - 2 * q;  // 8 (4 k + q)
+        if (valid) *reinterpret_cast<uint4*>(out + col) = make_uint4(b[0], b[1], b[2], b[3]);
+      }
+      if (valid && p.lse != nullptr && get<1>(coord(m, 0)) == 0) p.lse[head * p.total_q + token] = lse[m];
+    }
+    return;
+  }
   CUTE_UNROLL
   for (int m = 0; m < 2; ++m) {
     const int64_t r = w.seq.tile_row_begin(w.tile) + get<0>(coord(m, 0));

@@ -58,6 +58,7 @@ struct AttentionParams {
   // Output [total_q, Hq, D] and optional LSE [Hq, total_q].
   void* out = nullptr;
   int64_t out_stride_token = 0, out_stride_head = 0;
+  bool out_vec16 = false;  // 16-byte aligned rows: the epilogue writes 8 elements per store
   float* lse = nullptr;
 
   // KV splitting (Eq. 18): with num_splits > 1 the kernel writes float partials
