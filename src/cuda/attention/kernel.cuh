@@ -63,24 +63,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       decoder.decode(p, item, ss.work[at.index]);
       arrive_ordered(ss.work_full[at.index]);
     };
-    // Item k + 1 is claimed when item k starts and decoded once item k's Q tile is on its way,
-    // while the consumers still finish item k - 1: neither the atomic nor the decoder's dependent
-    // loads (lengths, CSR offsets) delay a stage.
-    int32_t claimed = 0;
-    if (scheduler) {
-      publish(blockIdx.x, slot);
-      claimed = p.ctas + atomicAdd(p.work_counter, 1);
-    }
+    if (scheduler) publish(blockIdx.x, slot);
     for (;;) {
       wait_ordered(ss.work_full[slot.index], slot.phase);
       const ScheduledWork& sw = ss.work[slot.index];
       if (!sw.valid) break;
       SlotCursor following = slot;
       following.advance();
+      // Item k + 1 is claimed and decoded while item k's last stages are still being fetched
+      // (or right after its Q tile, for a short item): the atomic and the decoder's dependent
+      // loads (lengths, CSR offsets) overlap the consumers' work, and no item waits claimed
+      // behind a long one while other SMs run dry.
       Mainloop<Traits>::produce(p, sw.w, sw.trav, ss, stages, q_phase, [&] {
-        if (!scheduler) return;
-        publish(claimed, following);
-        claimed = p.ctas + atomicAdd(p.work_counter, 1);
+        if (scheduler) publish(p.ctas + atomicAdd(p.work_counter, 1), following);
       });
       q_phase ^= 1u;
       __syncwarp();

@@ -93,32 +93,40 @@ struct Mainloop {
   // stage's TMA boxes; cp.async rows arrive through cp.async.mbarrier.arrive.noinc when they land,
   // so the producer never waits on a copy and runs ahead by up to kStages stages, across items.
   // The item's Q tile follows its first stage: that stage's buffer frees before the consumers
-  // have finished the previous item's last S = Q K^T, which the Q buffer waits for. Then
-  // after_q() runs (the scheduler decodes the next item while the buffers are still busy).
-  template <class AfterQ>
+  // have finished the previous item's last S = Q K^T, which the Q buffer waits for.
+  // next_item() runs once, after Q and once at most kClaimAheadIterations iterations are left
+  // (the scheduler claims and decodes the following item while the buffers are still busy).
+  template <class NextItem>
   __device__ static void produce(const AttentionParams& p, const WorkTile& w,
                                  const Traversal& trav, Storage& ss, StageCursor<kStages>& cur,
-                                 uint32_t q_phase, AfterQ&& after_q) {
+                                 uint32_t q_phase, NextItem&& next_item) {
     using namespace cute;
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.vt.data()), typename Traits::SmemLayoutVt{});
     const int thread = threadIdx.x % Traits::kProducerThreads;
     const TileLoader<Traits> loader{p, w, thread};
-    bool q_issued = false;
+    const BlockGeometry blocks{p.block_size, w.seq.len_kv};
+    StageSequence sequence(trav);
+    bool q_issued = false, next_claimed = false;
+    auto claim_next = [&] {
+      if (q_issued && !next_claimed && trav.last - sequence.i <= kClaimAheadIterations) {
+        next_claimed = true;
+        next_item();
+      }
+    };
     auto issue_q = [&] {
       barrier(ss.q_consumed).wait(q_phase ^ 1u);
       loader.load_q(sQ);
       cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
       q_issued = true;
-      after_q();
+      claim_next();
     };
 
-    const BlockGeometry blocks{p.block_size, w.seq.len_kv};
-    StageSequence sequence(trav);
     // The next stage's tile ids are read from the index before waiting for its buffer (Eq. 17).
     for (Stage stage = sequence.next(p); stage.kind != StageKind::kEnd;
          stage = sequence.next(p), cur.advance()) {
+      claim_next();
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
       uint64_t* bar = &ss.kv_loaded[cur.index];
       if (stage.kind == StageKind::kExactTiles) {
@@ -152,6 +160,7 @@ struct Mainloop {
       if (!q_issued) issue_q();
     }
     if (!q_issued) issue_q();
+    claim_next();  // nothing is left: fires now if it has not yet
   }
 
   // Intra-warpgroup overlap (Eq. 14): while the softmax of stage n runs on the CUDA cores, the

@@ -4,7 +4,7 @@
 // Only tiles that exist are numbered (tile_prefix, written by prepare_schedule each call), so a
 // varlen batch of unequal lengths claims no empty items.
 //
-// A CTA starts on item blockIdx.x and then claims gridDim.x + atomicAdd(counter, 1) at the start
+// A CTA starts on item blockIdx.x and then claims gridDim.x + atomicAdd(counter, 1) near the end
 // of each item, so items are taken in order by whichever SM frees first: the SMs working at one
 // time hold a window of consecutive items (one request's K/V heads, good for L2), and the
 // lightest tiles of the last request run last. One producer thread decodes each claimed item
@@ -21,6 +21,11 @@
 #include "cuda/attention/traversal.hpp"
 
 namespace flashprefill::cuda::attention {
+
+// A CTA claims its next item when at most this many KV iterations (about half as many stages)
+// of its current item are left to fetch: early enough to hide the claim and the decode, late
+// enough that a claimed item never waits long behind the current one.
+inline constexpr int kClaimAheadIterations = 8;
 
 struct ScheduledWork {
   WorkTile w;
