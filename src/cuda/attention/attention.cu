@@ -58,7 +58,8 @@ struct PartialBytes {
 size_t lowp_mean_bytes(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
   if (!sparse || !config.mean_correction) return 0;
   const fp_problem& p = *info.p;
-  const int64_t rows = int64_t(p.batch_size) * p.num_heads_kv * index_sizes(info, config).max_blocks;
+  const int64_t rows = attention::converted_mean_rows(p.batch_size, p.num_heads_kv,
+                                                      index_sizes(info, config).max_blocks);
   return align_up(size_t(rows) * size_t(p.head_dim) * size_t(kElementBytes));
 }
 
@@ -147,7 +148,8 @@ fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p,
 // Converted means [batch * Hkv * max_blocks, D] as the 2-D tensor (D, rows) in 64 x 64 boxes.
 fp_status encode_mean_map(CUtensorMap* map, const void* base, const AttentionParams& a, int d,
                           const char* what) {
-  const cuuint64_t dims[2] = {cuuint64_t(d), cuuint64_t(int64_t(a.batch) * a.heads_kv * a.max_blocks)};
+  const cuuint64_t dims[2] = {cuuint64_t(d),
+                              cuuint64_t(attention::converted_mean_rows(a.batch, a.heads_kv, a.max_blocks))};
   const cuuint64_t strides[1] = {cuuint64_t(d * kElementBytes)};
   const cuuint32_t box[2] = {64, 64};
   return encode_map(map, base, 2, dims, strides, box, what);

@@ -89,6 +89,15 @@ struct Mainloop {
   static_assert(Traits::kProducerThreads == kWindowBlocks && Traits::kBlockN == kWindowBlocks,
                 "a mean window gives each producer thread one column");
 
+  // The shared-memory buffers as CuTe tensors: the Q tile, the K stages and the V^T stages.
+  __device__ static auto smem_tensors(Storage& ss) {
+    using namespace cute;
+    return cute::make_tuple(
+        make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{}),
+        make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{}),
+        make_tensor(make_smem_ptr(ss.vt.data()), typename Traits::SmemLayoutVt{}));
+  }
+
   // Stages are published on kv_loaded[stage] by kProducerThreads arrivals plus the bytes of the
   // stage's TMA boxes; cp.async rows arrive through cp.async.mbarrier.arrive.noinc when they land,
   // so the producer never waits on a copy and runs ahead by up to kStages stages, across items.
@@ -101,9 +110,7 @@ struct Mainloop {
                                  const Traversal& trav, Storage& ss, StageCursor<kStages>& cur,
                                  uint32_t q_phase, NextItem&& next_item) {
     using namespace cute;
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(ss.vt.data()), typename Traits::SmemLayoutVt{});
+    auto [sQ, sK, sVt] = smem_tensors(ss);
     const int thread = threadIdx.x % Traits::kProducerThreads;
     const TileLoader<Traits> loader{p, w, thread};
     const BlockGeometry blocks{p.block_size, w.seq.len_kv};
@@ -170,9 +177,7 @@ struct Mainloop {
                                  const Traversal& trav, Storage& ss, StageCursor<kStages>& cur,
                                  uint32_t q_phase) {
     using namespace cute;
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename Traits::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(ss.vt.data()), typename Traits::SmemLayoutVt{});
+    auto [sQ, sK, sVt] = smem_tensors(ss);
     const int thread = threadIdx.x - Traits::kProducerThreads;
 
     typename Traits::TiledMmaQK mma_qk;

@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kThreads)
     lowp_means_kernel(const __grid_constant__ AttentionParams p, int head_dim, Element* k_out,
                       Element* v_out) {
   const int chunks_per_row = head_dim / kChunk;
-  const int64_t rows = int64_t(p.batch) * p.heads_kv * p.max_blocks;
+  const int64_t rows = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks);
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= rows * chunks_per_row) return;
   const int64_t row = i / chunks_per_row;
@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t launch_lowp_means(const AttentionParams& p, fp_dtype dtype, int head_dim, void* k_out,
                               void* v_out, cudaStream_t stream) {
-  const int64_t chunks = int64_t(p.batch) * p.heads_kv * p.max_blocks * (head_dim / kChunk);
+  const int64_t chunks = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks) * (head_dim / kChunk);
   if (chunks == 0) return cudaSuccess;
   const unsigned grid = unsigned((chunks + kThreads - 1) / kThreads);
   if (dtype == FP_BFLOAT16)

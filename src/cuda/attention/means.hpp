@@ -5,10 +5,18 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "cuda/attention/params.hpp"
 #include "flashprefill/flashprefill.h"
 
 namespace flashprefill::cuda::attention {
+
+// Rows of one converted mean tensor: one per (request, KV head, block slot).
+__host__ __device__ inline int64_t converted_mean_rows(int32_t batch, int32_t heads_kv,
+                                                       int32_t max_blocks) {
+  return int64_t(batch) * heads_kv * max_blocks;
+}
 
 // k_out / v_out: [batch, heads_kv, max_blocks, head_dim] in `dtype`; blocks past a request's
 // last block are written as zeros, so no unwritten mean can reach the tensor cores.
