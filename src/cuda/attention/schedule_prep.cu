@@ -1,5 +1,5 @@
 // The scheduler's per-call preparation: one CTA scans the requests' query-tile counts.
-#include "core/geometry.hpp"
+#include "core/work_order.hpp"
 #include "cuda/attention/schedule_prep.hpp"
 
 namespace flashprefill::cuda::attention {
@@ -16,9 +16,7 @@ __device__ int32_t inclusive_warp_scan(int32_t x, int lane) {
   return x;
 }
 
-// tile_prefix[b + 1] = sum of query tiles of requests 0 ... b, each clamped to max_q_tiles (the
-// index's segment layout reserves no more; validation rejects longer requests on the host's side
-// of max_seqlen_q).
+// tile_prefix[b + 1] = sum of request_tiles (core/work_order.hpp) of requests 0 ... b.
 __global__ void __launch_bounds__(kThreads) prepare_schedule_kernel(const AttentionParams p) {
   __shared__ int32_t warp_sums[kWarps];
   __shared__ int32_t carry;
@@ -32,12 +30,8 @@ __global__ void __launch_bounds__(kThreads) prepare_schedule_kernel(const Attent
   for (int32_t base = 0; base < p.batch; base += kThreads) {
     const int32_t b = base + int32_t(threadIdx.x);
     int32_t tiles = 0;
-    if (b < p.batch) {
-      SeqGeometry seq;
-      seq.group = p.group;
-      seq.len_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-      tiles = min(seq.num_q_tiles(), p.max_q_tiles);
-    }
+    if (b < p.batch)
+      tiles = request_tiles(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], p.group, p.max_q_tiles);
     const int32_t x = inclusive_warp_scan(tiles, lane);
     if (lane == 31) warp_sums[warp] = x;
     __syncthreads();

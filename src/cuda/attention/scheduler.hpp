@@ -1,8 +1,8 @@
-// The persistent grid's tile scheduler. Work items are numbered request by request, inside a
-// request from the query tile with the most causal work down to the least, KV heads and then
-// splits innermost: item = ((tile_prefix[b] + heavy-first rank) * Hkv + h) * splits + split.
-// Only tiles that exist are numbered (tile_prefix, written by prepare_schedule each call), so a
-// varlen batch of unequal lengths claims no empty items.
+// The persistent grid's tile scheduler. Work items are numbered as core/work_order.hpp says:
+// request by request, inside a request from the query tile with the most causal work down to the
+// least, KV heads and then splits innermost. Only tiles that exist are numbered (tile_prefix,
+// written by prepare_schedule each call), so a varlen batch of unequal lengths claims no empty
+// items.
 //
 // A CTA starts on item blockIdx.x and then claims gridDim.x + atomicAdd(counter, 1) near the end
 // of each item, so items are taken in order by whichever SM frees first: the SMs working at one
@@ -16,6 +16,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "core/work_order.hpp"
 #include "cuda/attention/params.hpp"
 #include "cuda/attention/seqlen.hpp"
 #include "cuda/attention/traversal.hpp"
@@ -39,25 +40,14 @@ struct ItemDecoder {
   int32_t total_items = -1;  // read on first use (written by prepare_schedule)
 
   __device__ void decode(const AttentionParams& p, int32_t item, ScheduledWork& out) {
-    const int32_t per_tile = p.heads_kv * p.num_splits;
-    if (total_items < 0) total_items = p.tile_prefix[p.batch] * per_tile;
+    if (total_items < 0) total_items = p.tile_prefix[p.batch] * p.heads_kv * p.num_splits;
     if (item >= total_items) {
       out.valid = 0;
       return;
     }
-    const int32_t linear = item / per_tile, rest = item - linear * per_tile;
-    // The last request whose first tile is at or before `linear` (empty requests are skipped:
-    // their successor starts at the same prefix).
-    int32_t lo = request, hi = p.batch - 1;
-    while (lo < hi) {
-      const int32_t mid = (lo + hi + 1) / 2;
-      if (p.tile_prefix[mid] <= linear) lo = mid;
-      else hi = mid - 1;
-    }
-    request = lo;
-    const int32_t first = p.tile_prefix[lo], tiles = p.tile_prefix[lo + 1] - first;
-    const int32_t h = rest / p.num_splits;
-    out.w = make_work(p, lo, h, tiles - 1 - (linear - first), rest - h * p.num_splits);
+    const WorkCoord c =
+        decode_work_item(p.tile_prefix, p.batch, p.heads_kv, p.num_splits, item, request);
+    out.w = make_work(p, c.b, c.h, c.tile, c.split);
     out.trav = Traversal::make(p, out.w);
     out.valid = 1;
   }

@@ -1,0 +1,135 @@
+// The CUDA attention kernel's work order (core/work_order.hpp), which its persistent scheduler
+// decodes on the device: every (request, KV head, query tile, split) is numbered exactly once, in
+// the documented order, whether the decoder searches from request 0 or from where a CTA's
+// previous (smaller) item left it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "core/work_order.hpp"
+
+namespace {
+
+using flashprefill::decode_work_item;
+using flashprefill::kTileRows;
+using flashprefill::request_tiles;
+using flashprefill::WorkCoord;
+
+struct Batch {
+  std::vector<int32_t> len_q;
+  int32_t group = 1, heads_kv = 1, splits = 1, max_q_tiles = 0;
+};
+
+std::vector<int32_t> prefix_of(const Batch& batch) {
+  std::vector<int32_t> prefix(batch.len_q.size() + 1, 0);
+  for (size_t b = 0; b < batch.len_q.size(); ++b)
+    prefix[b + 1] = prefix[b] + request_tiles(batch.len_q[b], batch.group, batch.max_q_tiles);
+  return prefix;
+}
+
+// The order docs/ALGORITHM.md gives, built directly.
+std::vector<WorkCoord> expected_order(const Batch& batch) {
+  std::vector<WorkCoord> order;
+  for (int32_t b = 0; b < int32_t(batch.len_q.size()); ++b) {
+    const int32_t tiles = request_tiles(batch.len_q[b], batch.group, batch.max_q_tiles);
+    for (int32_t tile = tiles - 1; tile >= 0; --tile)
+      for (int32_t h = 0; h < batch.heads_kv; ++h)
+        for (int32_t split = 0; split < batch.splits; ++split) order.push_back({b, h, tile, split});
+  }
+  return order;
+}
+
+void expect_order(const Batch& batch, std::mt19937& rng) {
+  const std::vector<int32_t> prefix = prefix_of(batch);
+  const int32_t batch_size = int32_t(batch.len_q.size());
+  const std::vector<WorkCoord> want = expected_order(batch);
+  ASSERT_EQ(int64_t(want.size()), int64_t(prefix.back()) * batch.heads_kv * batch.splits);
+  // From request 0 every time.
+  for (int32_t item = 0; item < int32_t(want.size()); ++item) {
+    int32_t request = 0;
+    const WorkCoord c = decode_work_item(prefix.data(), batch_size, batch.heads_kv, batch.splits,
+                                         item, request);
+    const WorkCoord& w = want[size_t(item)];
+    ASSERT_EQ(std::tie(c.b, c.h, c.tile, c.split), std::tie(w.b, w.h, w.tile, w.split))
+        << "item " << item;
+    ASSERT_EQ(request, c.b);
+  }
+  // As a CTA claims them: increasing items with random gaps, the hint carried along; every item
+  // is covered by some CTA exactly once.
+  const int ctas = 1 + int(rng() % 7);
+  std::set<std::tuple<int32_t, int32_t, int32_t, int32_t>> seen;
+  std::vector<int32_t> hint(size_t(ctas), 0);
+  for (int32_t item = 0; item < int32_t(want.size()); ++item) {
+    int32_t& request = hint[size_t(rng() % unsigned(ctas))];
+    const WorkCoord c = decode_work_item(prefix.data(), batch_size, batch.heads_kv, batch.splits,
+                                         item, request);
+    ASSERT_LT(c.tile, request_tiles(batch.len_q[size_t(c.b)], batch.group, batch.max_q_tiles));
+    ASSERT_GE(c.tile, 0);
+    ASSERT_TRUE(seen.insert({c.b, c.h, c.tile, c.split}).second) << "item " << item;
+    const WorkCoord& w = want[size_t(item)];
+    ASSERT_EQ(std::tie(c.b, c.h, c.tile, c.split), std::tie(w.b, w.h, w.tile, w.split));
+  }
+}
+
+TEST(WorkOrder, RequestTilesArePackGqaTilesCappedByTheReservation) {
+  EXPECT_EQ(request_tiles(0, 4, 10), 0);
+  EXPECT_EQ(request_tiles(1, 4, 10), 1);
+  EXPECT_EQ(request_tiles(32, 4, 10), 1);   // 128 packed rows
+  EXPECT_EQ(request_tiles(33, 4, 10), 2);
+  EXPECT_EQ(request_tiles(100003, 1, 1000000), (100003 + kTileRows - 1) / kTileRows);
+  EXPECT_EQ(request_tiles(4096, 8, 100), 100);  // 256 tiles, capped
+}
+
+TEST(WorkOrder, SingleRequestHeaviestTileFirst) {
+  Batch batch;
+  batch.len_q = {1000};
+  batch.group = 4;
+  batch.heads_kv = 2;
+  batch.max_q_tiles = 32;
+  int32_t request = 0;
+  const std::vector<int32_t> prefix = prefix_of(batch);
+  const WorkCoord first = decode_work_item(prefix.data(), 1, 2, 1, 0, request);
+  EXPECT_EQ(first.tile, 31);  // ceil(4000 / 128) = 32 tiles, the last one first
+  EXPECT_EQ(first.h, 0);
+  const WorkCoord second = decode_work_item(prefix.data(), 1, 2, 1, 1, request);
+  EXPECT_EQ(second.tile, 31);
+  EXPECT_EQ(second.h, 1);
+}
+
+TEST(WorkOrder, VarlenBatchesWithEmptyRequestsAndSplits) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    Batch batch;
+    const int n = 1 + int(rng() % 9);
+    for (int b = 0; b < n; ++b) {
+      const unsigned kind = rng() % 4;
+      batch.len_q.push_back(kind == 0 ? 0 : kind == 1 ? int32_t(1 + rng() % 40)
+                                                      : int32_t(1 + rng() % 3000));
+    }
+    batch.group = 1 + int32_t(rng() % 8);
+    batch.heads_kv = 1 + int32_t(rng() % 4);
+    batch.splits = 1 + int32_t(rng() % 3);
+    int32_t most = 0;
+    for (const int32_t l : batch.len_q) most = std::max(most, request_tiles(l, batch.group, INT32_MAX));
+    batch.max_q_tiles = std::max(1, most - int32_t(rng() % 2));  // sometimes one tile short
+    expect_order(batch, rng);
+  }
+}
+
+TEST(WorkOrder, LeadingAndTrailingEmptyRequests) {
+  std::mt19937 rng(5);
+  Batch batch;
+  batch.len_q = {0, 0, 7, 0, 300, 0};
+  batch.group = 8;
+  batch.heads_kv = 3;
+  batch.splits = 2;
+  batch.max_q_tiles = 19;
+  expect_order(batch, rng);
+}
+
+}  // namespace
