@@ -1,0 +1,97 @@
+// The CUDA attention stage's split heuristic (Eq. 18; cuda/attention/heuristics.hpp), which is
+// host code decided from shapes alone: short-query batches are split until their work items
+// fill the GPU twice over, unless a documented cap (KV tiles per split, splits, partial bytes)
+// binds first; batches that already fill it are never split.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+
+#include "cuda/attention/heuristics.hpp"
+
+namespace {
+
+using flashprefill::ceil_div;
+using flashprefill::kKvTile;
+using flashprefill::kTileRows;
+using flashprefill::ProblemInfo;
+using flashprefill::cuda::attention::choose_splits;
+using flashprefill::cuda::attention::kMaxPartialBytes;
+using flashprefill::cuda::attention::kMaxSplits;
+using flashprefill::cuda::attention::kMinTilesPerSplit;
+
+constexpr int kSms = 132;
+
+struct Shape {
+  int64_t total_q = 0, max_seqlen_k = 0;
+  int32_t heads_q = 32, heads_kv = 8, head_dim = 128;
+};
+
+int32_t splits_for(const Shape& s, int sms = kSms) {
+  fp_problem p{};
+  p.total_q = s.total_q;
+  p.max_seqlen_k = s.max_seqlen_k;
+  p.num_heads_q = s.heads_q;
+  p.num_heads_kv = s.heads_kv;
+  p.head_dim = s.head_dim;
+  ProblemInfo info;
+  info.p = &p;
+  info.group = s.heads_q / s.heads_kv;
+  return choose_splits(info, sms);
+}
+
+int64_t work_tiles(const Shape& s) {
+  return int64_t(s.heads_kv) * ceil_div(int64_t(s.heads_q / s.heads_kv) * s.total_q, kTileRows);
+}
+
+TEST(SplitHeuristic, LongPrefillIsNotSplit) {
+  EXPECT_EQ(splits_for({32768, 32768}), 1);
+  EXPECT_EQ(splits_for({8192, 8192}), 1);
+}
+
+TEST(SplitHeuristic, ChunkedPrefillOverALongCacheIsSplit) {
+  const Shape s{256, 65536};  // 64 work tiles against 132 SMs
+  const int32_t n = splits_for(s);
+  EXPECT_GT(n, 1);
+  EXPECT_GE(work_tiles(s) * n, 2 * kSms);
+  EXPECT_LE(n, kMaxSplits);
+}
+
+TEST(SplitHeuristic, ShortCacheIsNotSplit) {
+  // Fewer than kMinTilesPerSplit KV tiles per split would be left: no split.
+  EXPECT_EQ(splits_for({16, 256}), 1);
+}
+
+TEST(SplitHeuristic, RandomShapesFillTheGpuOrHitACap) {
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 5000; ++trial) {
+    Shape s;
+    s.heads_kv = 1 << int(rng() % 4);
+    s.heads_q = s.heads_kv * (1 + int32_t(rng() % 8));
+    s.head_dim = rng() % 2 ? 64 : 128;
+    s.total_q = 1 + int64_t(rng() % 20000);
+    s.max_seqlen_k = s.total_q + int64_t(rng() % 200000);
+    const int32_t n = splits_for(s);
+    ASSERT_GE(n, 1);
+    ASSERT_LE(n, kMaxSplits);
+    const int64_t tiles = work_tiles(s);
+    if (tiles >= 2 * kSms) {
+      ASSERT_EQ(n, 1) << "total_q " << s.total_q;
+      continue;
+    }
+    const int64_t kv_tiles = ceil_div(s.max_seqlen_k, kKvTile);
+    const int64_t bytes_per_split =
+        s.total_q * s.heads_q * (int64_t(s.head_dim) + 1) * int64_t(sizeof(float));
+    const bool filled = tiles * n >= 2 * kSms;
+    const bool capped = n == kMaxSplits || n >= std::max<int64_t>(kv_tiles / kMinTilesPerSplit, 1) ||
+                        n >= std::max<int64_t>(kMaxPartialBytes / bytes_per_split, 1);
+    ASSERT_TRUE(filled || capped) << "total_q " << s.total_q << " L_kv " << s.max_seqlen_k;
+    // Never more splits than it takes to fill the GPU twice over.
+    ASSERT_LE(n, std::max<int64_t>(ceil_div(2 * kSms, tiles), 1));
+    // Every split keeps at least kMinTilesPerSplit KV tiles of the longest request.
+    if (n > 1) ASSERT_GE(kv_tiles / n, kMinTilesPerSplit);
+  }
+}
+
+}  // namespace
