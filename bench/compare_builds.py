@@ -27,6 +27,14 @@ def best_of(fn, rounds=2):
     return min(median_ms(fn) for _ in range(rounds))
 
 
+def poisoned_then_timed(batch, fn):
+    """One call into a NaN-poisoned output (is every element written and finite?), then the time."""
+    batch.out.fill_(float("nan"))
+    fn()
+    finite = bool(torch.isfinite(batch.out).all())
+    return finite, best_of(fn)
+
+
 def dense_rows(name, lib):
     for L in (8192, 32768, 131072):
         b = ba.Batch([L], [L])
@@ -55,10 +63,7 @@ def sparse_rows(name, lib, gen):
             cu, idx, density = ba.csr_from_block_mask(mask, L, s.max_q_tiles)
             km, vm = ba.block_means(b, cfg.block_size, s.max_blocks)
             ours.prepare_sparse(cfg, cu, idx, km, vm)
-            b.out.fill_(float("nan"))
-            ours.sparse()
-            finite = bool(torch.isfinite(b.out).all())
-            t = best_of(ours.sparse)
+            finite, t = poisoned_then_timed(b, ours.sparse)
             print(f"sparse rho={rho} correction={corr} density={density:.4f} {name}={t:.4f}ms"
                   f" ratio={t / (density * t_dense):.3f} finite={finite}", flush=True)
 
@@ -68,10 +73,7 @@ def batch_rows(name, lib):
                           ([2048, 512, 8192, 1024], [32768, 16384, 8192, 65536])):
         b = ba.Batch(len_q, len_kv)
         ours = ba.Ours(lib, b)
-        b.out.fill_(float("nan"))
-        ours.dense()
-        finite = bool(torch.isfinite(b.out).all())
-        t = best_of(ours.dense)
+        finite, t = poisoned_then_timed(b, ours.dense)
         print(f"batch len_q={len_q} len_kv={len_kv} {name}={t:.4f}ms ({ba.tflops(b, t):.0f} TFLOP/s)"
               f" finite={finite}", flush=True)
         del b, ours
