@@ -16,6 +16,7 @@ using flashprefill::ceil_div;
 using flashprefill::kKvTile;
 using flashprefill::kTileRows;
 using flashprefill::ProblemInfo;
+using flashprefill::cuda::attention::choose_head_section;
 using flashprefill::cuda::attention::choose_splits;
 using flashprefill::cuda::attention::kMaxPartialBytes;
 using flashprefill::cuda::attention::kMaxSplits;
@@ -91,6 +92,40 @@ TEST(SplitHeuristic, RandomShapesFillTheGpuOrHitACap) {
     ASSERT_LE(n, std::max<int64_t>(ceil_div(2 * kSms, tiles), 1));
     // Every split keeps at least kMinTilesPerSplit KV tiles of the longest request.
     if (n > 1) ASSERT_GE(kv_tiles / n, kMinTilesPerSplit);
+  }
+}
+
+int32_t section_for(int64_t max_seqlen_k, int32_t heads_kv, int32_t head_dim, int64_t l2) {
+  fp_problem p{};
+  p.max_seqlen_k = max_seqlen_k;
+  p.num_heads_kv = heads_kv;
+  p.num_heads_q = heads_kv;
+  p.head_dim = head_dim;
+  ProblemInfo info;
+  info.p = &p;
+  info.group = 1;
+  return choose_head_section(info, l2);
+}
+
+TEST(HeadSection, AsManyHeadsAsFitInHalfTheL2) {
+  constexpr int64_t kL2 = 50 << 20;  // H100 / H200
+  // One head's K and V at 8K, D = 128, bf16: 4 MiB; 25 MiB hold 6 of 8 heads.
+  EXPECT_EQ(section_for(8192, 8, 128, kL2), 6);
+  EXPECT_EQ(section_for(2048, 8, 128, kL2), 8);  // all heads fit: the plain order
+  EXPECT_EQ(section_for(32768, 8, 128, kL2), 1);  // 16 MiB per head
+  EXPECT_EQ(section_for(32768, 8, 64, kL2), 3);   // 8 MiB per head
+  EXPECT_EQ(section_for(131072, 8, 128, kL2), 1);  // more than the L2: still one head
+  EXPECT_EQ(section_for(0, 4, 128, kL2), 4);
+}
+
+TEST(HeadSection, AlwaysBetweenOneAndTheKvHeads) {
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int32_t heads = 1 + int32_t(rng() % 64);
+    const int64_t len = int64_t(rng() % 1000000);
+    const int32_t s = section_for(len, heads, rng() % 2 ? 64 : 128, int64_t(1 + rng() % (1u << 28)));
+    ASSERT_GE(s, 1);
+    ASSERT_LE(s, heads);
   }
 }
 

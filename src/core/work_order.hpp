@@ -1,10 +1,16 @@
 // The order in which the CUDA attention kernel's persistent grid takes its work items
 // (docs/ALGORITHM.md, "Work units"), as plain arithmetic shared by the kernel's scheduler and the
-// CPU tests. Items are numbered request by request; inside a request from the query tile with the
-// most causal keys down (tile ids descending), KV heads and then splits innermost:
-//   item = ((tile_prefix[b] + (tiles_b - 1 - tile)) * heads_kv + h) * splits + split.
-// tile_prefix[b] is the number of query tiles of the requests before b (batch + 1 entries), so
-// only tiles that exist are numbered.
+// CPU tests. Items are numbered request by request. A request's KV heads are cut into sections
+// of `section` consecutive heads (the last one may be shorter), chosen so that a section's K and V
+// fit in L2 together; inside a section from the query tile with the most causal keys down (tile
+// ids descending), the section's KV heads and then splits innermost:
+//   item = tile_prefix[b] * heads_kv * splits                      (the requests before b)
+//        + s * tiles_b * section * splits                          (the sections before s)
+//        + ((tiles_b - 1 - tile) * heads_s + (h - s * section)) * splits + split
+// where heads_s = min(section, heads_kv - s * section). tile_prefix[b] is the number of query
+// tiles of the requests before b (batch + 1 entries), so only tiles that exist are numbered.
+// The SMs working at one time then hold consecutive tiles of the same few heads: each KV block
+// fetched from HBM is reused from L2 by the other tiles of its head, dense or sparse.
 #pragma once
 
 #include <cstdint>
@@ -27,13 +33,14 @@ struct WorkCoord {
   int32_t b = 0, h = 0, tile = 0, split = 0;
 };
 
-// Item `item` (< tile_prefix[batch] * heads_kv * splits) to its coordinates. `request` is a
-// request at or before the item's (0 always works); it is advanced to the item's request, so a
-// caller whose items only grow searches from where it left off.
+// Item `item` (< tile_prefix[batch] * heads_kv * splits) to its coordinates; 1 <= section <=
+// heads_kv. `request` is a request at or before the item's (0 always works); it is advanced to
+// the item's request, so a caller whose items only grow searches from where it left off.
 FP_HD WorkCoord decode_work_item(const int32_t* tile_prefix, int32_t batch, int32_t heads_kv,
-                                 int32_t splits, int32_t item, int32_t& request) {
+                                 int32_t section, int32_t splits, int32_t item,
+                                 int32_t& request) {
   const int32_t per_tile = heads_kv * splits;
-  const int32_t linear = item / per_tile, rest = item - linear * per_tile;
+  const int32_t linear = item / per_tile;
   // The last request whose first tile is at or before `linear` (an empty request shares its
   // prefix with its successor and is passed over).
   int32_t lo = request, hi = batch - 1;
@@ -44,11 +51,19 @@ FP_HD WorkCoord decode_work_item(const int32_t* tile_prefix, int32_t batch, int3
   }
   request = lo;
   const int32_t first = tile_prefix[lo], tiles = tile_prefix[lo + 1] - first;
+  // Offset inside the request (< tiles * per_tile, so 32-bit like `item`).
+  const int32_t local = item - first * per_tile;
+  const int32_t per_section = tiles * section * splits;  // items of a full section
+  const int32_t s = local / per_section;
+  const int32_t heads_s = heads_kv - s * section < section ? heads_kv - s * section : section;
+  const int32_t in_section = local - s * per_section;
+  const int32_t per_tile_s = heads_s * splits;
+  const int32_t rank = in_section / per_tile_s, rest = in_section - rank * per_tile_s;
   WorkCoord c;
   c.b = lo;
-  c.tile = tiles - 1 - (linear - first);
-  c.h = rest / splits;
-  c.split = rest - c.h * splits;
+  c.tile = tiles - 1 - rank;
+  c.h = s * section + rest / splits;
+  c.split = rest - (rest / splits) * splits;
   return c;
 }
 

@@ -40,6 +40,17 @@ int sm_count() {
   return count;
 }
 
+int l2_bytes() {
+  static const int bytes = [] {
+    int device = 0, n = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrL2CacheSize, device) != cudaSuccess)
+      return 50 << 20;
+    return n;
+  }();
+  return bytes;
+}
+
 // FLASHPREFILL_ATTENTION_SPLITS=n overrides the heuristic (checks and benchmarks compare
 // split and unsplit runs); it is read at each call, for the workspace query and the launch alike.
 int32_t num_splits(const ProblemInfo& info) {
@@ -121,7 +132,7 @@ fp_status encode_map(CUtensorMap* map, const void* base, cuuint32_t rank, const 
   const EncodeTiled encode = encode_tiled();
   if (encode == nullptr)
     return fail(FP_ERROR_CUDA, "the CUDA driver does not provide cuTensorMapEncodeTiled");
-  const cuuint32_t unit[3] = {1, 1, 1};
+  const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(base),
                             dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
                             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -153,6 +164,27 @@ fp_status encode_mean_map(CUtensorMap* map, const void* base, const AttentionPar
   const cuuint64_t strides[1] = {cuuint64_t(d * kElementBytes)};
   const cuuint32_t box[2] = {64, 64};
   return encode_map(map, base, 2, dims, strides, box, what);
+}
+
+// Q [total_q, Hq, D] as the 4-D tensor (D, g, Hkv, total_q): a query tile (128 / g tokens of
+// one KV head's g query heads, Eq. 12-13) is 64 x g x 1 x (128 / g) boxes, one per 64 columns,
+// whose rows land in packed-row order. Only when g divides the tile (a power of two up to 128)
+// and the tile's token coordinate fits; otherwise the producer copies Q by cp.async.
+fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
+  a.q_tma = false;
+  if (group < 1 || group > kTileRows || (group & (group - 1)) != 0 ||
+      p.total_q > INT32_MAX - kTileRows)
+    return FP_OK;
+  const int64_t head = p.q_stride_head > 0 ? p.q_stride_head : p.q_stride_token;
+  const cuuint64_t dims[4] = {cuuint64_t(p.head_dim), cuuint64_t(group),
+                              cuuint64_t(p.num_heads_kv), cuuint64_t(p.total_q)};
+  const cuuint64_t strides[3] = {cuuint64_t(head * kElementBytes),
+                                 cuuint64_t(head * group * kElementBytes),
+                                 cuuint64_t(p.q_stride_token * kElementBytes)};
+  const cuuint32_t box[4] = {64, uint32_t(group), 1, uint32_t(kTileRows / group)};
+  if (fp_status s = encode_map(&a.tma_q, p.q, 4, dims, strides, box, "Q"); s != FP_OK) return s;
+  a.q_tma = true;
+  return FP_OK;
 }
 
 // Contiguous KV is fetched by TMA; paged KV (and tensors too long for 32-bit TMA coordinates)
@@ -220,6 +252,7 @@ int64_t max_items(const ProblemInfo& info, int32_t splits) {
 fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_t mean_bytes) {
   const fp_problem& p = *info.p;
   if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
+  if (fp_status s = encode_q_map(p, info.group, a); s != FP_OK) return s;
   a.num_splits = num_splits(info);
   const int64_t items = max_items(info, a.num_splits);
   if (items > INT32_MAX - int64_t(sm_count()))
@@ -227,6 +260,12 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
                                       "KV heads x splits); this problem has up to " +
                                           std::to_string(items));
   a.ctas = int32_t(std::min<int64_t>(items, sm_count()));
+  a.head_section = attention::choose_head_section(info, l2_bytes());
+  // FLASHPREFILL_ATTENTION_HEAD_SECTION=n overrides it (benchmarks compare orders).
+  if (const char* forced = std::getenv("FLASHPREFILL_ATTENTION_HEAD_SECTION")) {
+    const int n = std::atoi(forced);
+    if (n > 0) a.head_section = std::min(n, a.heads_kv);
+  }
   const PartialBytes bytes = partial_bytes(info, a.num_splits);
   char* const sched = static_cast<char*>(workspace);
   char* ws = sched + align_up(attention::schedule_bytes(p.batch_size));

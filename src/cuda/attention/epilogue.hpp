@@ -11,21 +11,23 @@
 
 namespace flashprefill::cuda::attention {
 
-// A 4 x 4 transpose of 32-bit values across the four lanes of a quad: on entry lane q holds
-// a[c] = M[q][c]; on return b[r] = M[r][q]. Round s sends a[(q + s) % 4] to lane (q + s) % 4,
-// which is exactly the element that lane wants from lane q. Called by all 32 lanes.
-__device__ __forceinline__ void quad_transpose(const uint32_t (&a)[4], uint32_t (&b)[4]) {
-  const int lane = threadIdx.x % 32, q = lane % 4;
-  auto pick = [&](int i) { return i == 0 ? a[0] : i == 1 ? a[1] : i == 2 ? a[2] : a[3]; };
+// A 4 x 4 transpose of 32-bit values across the four lanes of a quad, in place: on entry lane q
+// holds a[c] = M[q][c]; on return a[r] = M[r][q]. Two butterfly rounds (xor 1, then xor 2), each
+// swapping with the partner lane the two entries whose index bit differs from the lane's: four
+// shuffles and selects on one lane bit, no data-dependent indexing. Called by all 32 lanes.
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4]) {
+  const int q = threadIdx.x % 4;
   CUTE_UNROLL
-  for (int r = 0; r < 4; ++r) b[r] = a[r];  // b[q] = a[q]; the rest are overwritten below
-  CUTE_UNROLL
-  for (int s = 1; s < 4; ++s) {
-    const uint32_t got = __shfl_sync(0xffffffffu, pick((q + s) & 3), (lane & ~3) | ((q - s) & 3));
-    const int from = (q - s) & 3;
+  for (int m = 1; m <= 2; m *= 2) {
+    const bool upper = (q & m) != 0;
     CUTE_UNROLL
-    for (int r = 0; r < 4; ++r)
-      if (r == from) b[r] = got;
+    for (int lo = 0; lo < 4; ++lo) {
+      if (lo & m) continue;
+      const int hi = lo | m;
+      const uint32_t v = __shfl_xor_sync(0xffffffffu, upper ? a[lo] : a[hi], m);
+      if (upper) a[lo] = v;
+      else a[hi] = v;
+    }
   }
 }
 
@@ -53,7 +55,7 @@ __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkT
                      head * p.out_stride_head;
       CUTE_UNROLL
       for (int k = 0; k < kHeadDim / 32; ++k) {
-        uint32_t a[4], b[4];
+        uint32_t a[4];
         CUTE_UNROLL
         for (int c = 0; c < 4; ++c) {
           cutlass::Array<Element, 2> pair;
@@ -61,9 +63,9 @@ __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkT
           pair[1] = Element(o(m, 2 * (4 * k + c) + 1));
           a[c] = reinterpret_cast<const uint32_t&>(pair);
         }
-        quad_transpose(a, b);
+        quad_transpose(a);
         const int col = get<1>(coord(m, 2 * (4 * k + q))) - 2 * q;  // 8 (4 k + q)
-        if (valid) *reinterpret_cast<uint4*>(out + col) = make_uint4(b[0], b[1], b[2], b[3]);
+        if (valid) *reinterpret_cast<uint4*>(out + col) = make_uint4(a[0], a[1], a[2], a[3]);
       }
       if (valid && p.lse != nullptr && get<1>(coord(m, 0)) == 0) p.lse[head * p.total_q + token] = lse[m];
     }

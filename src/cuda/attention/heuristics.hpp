@@ -30,4 +30,20 @@ inline int32_t choose_splits(const ProblemInfo& info, int num_sms) {
   return int32_t(std::max<int64_t>(splits, 1));
 }
 
+// KV heads per section of the work order (core/work_order.hpp): as many heads as have their K
+// and V, at the longest KV length, fit in kL2Share of the L2 cache together, at least one. The
+// SMs then work on the tiles of those heads only, and a KV block is fetched from HBM about once
+// however many of its head's query tiles read it (sparse tiles pick scattered blocks, so without
+// this their reads mostly miss once all heads are in flight).
+inline constexpr double kL2Share = 0.5;
+
+inline int32_t choose_head_section(const ProblemInfo& info, int64_t l2_bytes) {
+  const fp_problem& p = *info.p;
+  constexpr int64_t kElementBytes = 2;  // bf16 / fp16
+  const int64_t head_bytes =
+      std::max<int64_t>(2 * int64_t(p.max_seqlen_k) * p.head_dim * kElementBytes, 1);
+  const int64_t fit = int64_t(double(l2_bytes) * kL2Share) / head_bytes;
+  return int32_t(std::clamp<int64_t>(fit, 1, std::max(p.num_heads_kv, 1)));
+}
+
 }  // namespace flashprefill::cuda::attention

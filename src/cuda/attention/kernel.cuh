@@ -60,8 +60,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Thread 0 writes the decoded item `item` into the ring slot `at`.
     auto publish = [&](int32_t item, SlotCursor at) {
       wait_ordered(ss.work_empty[at.index], at.phase ^ 1u);
-      decoder.decode(p, item, ss.work[at.index]);
+      ScheduledWork& sw = ss.work[at.index];
+      decoder.decode(p, item, sw);
       arrive_ordered(ss.work_full[at.index]);
+      if (sw.valid) prefetch_q_tile<Traits::kHeadDim>(p, sw.w);
     };
     if (scheduler) publish(blockIdx.x, slot);
     for (;;) {
@@ -70,13 +72,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (!sw.valid) break;
       SlotCursor following = slot;
       following.advance();
-      // Item k + 1 is claimed and decoded while item k's last stages are still being fetched
-      // (or right after its Q tile, for a short item): the atomic and the decoder's dependent
-      // loads (lengths, CSR offsets) overlap the consumers' work, and no item waits claimed
-      // behind a long one while other SMs run dry.
+      // Item k + 1 is claimed (the atomic, whose result is not waited for) once at most
+      // kClaimAheadIterations iterations of item k are left to fetch, and decoded once all of
+      // item k's stages are issued: the atomic and the decoder's dependent loads (lengths, CSR
+      // offsets) never hold up a stage of item k, no item waits claimed behind a long one while
+      // other SMs run dry, and the consumers still find item k + 1 decoded well before they
+      // finish item k.
+      int32_t claimed = 0;
       Mainloop<Traits>::produce(p, sw.w, sw.trav, ss, stages, q_phase, [&] {
-        if (scheduler) publish(p.ctas + atomicAdd(p.work_counter, 1), following);
+        if (scheduler) claimed = p.ctas + atomicAdd(p.work_counter, 1);
       });
+      if (scheduler) publish(claimed, following);
       q_phase ^= 1u;
       __syncwarp();
       if (lane0) arrive_ordered(ss.work_empty[slot.index]);
@@ -85,6 +91,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cp_async_wait_all();  // no copy outlives its issuing thread
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+    // Consumer warpgroup 0 takes the first turn (Mainloop::consume): warpgroup 1 hands it over.
+    if (threadIdx.x >= Traits::kProducerThreads + 128)
+      asm volatile("bar.arrive %0, %1;\n" ::"n"(kTurnBarrier), "n"(Traits::kConsumerThreads)
+                   : "memory");
     for (;;) {
       wait_ordered(ss.work_full[slot.index], slot.phase);
       const ScheduledWork sw = ss.work[slot.index];
@@ -92,7 +102,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (lane0) arrive_ordered(ss.work_empty[slot.index]);
       slot.advance();
       if (!sw.valid) break;
-      Mainloop<Traits>::consume(p, sw.w, sw.trav, ss, stages, q_phase);
+      Mainloop<Traits>::consume(p, sw.w, ss, stages, q_phase);
       q_phase ^= 1u;
     }
   }

@@ -33,7 +33,7 @@ struct KernelTraits {
   // 56 for the producer: with 40 its per-item state (scheduler, Q copy) spilled to local memory,
   // and the consumers need no more than 224 (no spills at D = 128).
   static constexpr int kLaunchRegs = 168;
-  static constexpr int kProducerRegs = 56;
+    static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <=
                 kLaunchRegs * (kProducerThreads + kConsumerThreads));
@@ -65,6 +65,7 @@ struct KernelTraits {
   // TMA box: 64 keys x 64 head-dim elements = 8 KB; a KV tile is kHeadDim / 64 boxes per operand.
   static constexpr int kBoxCols = 64;
   static constexpr uint32_t kTileTmaBytes = uint32_t(2 * kKvTile * kHeadDim * sizeof(Element));
+  static constexpr uint32_t kQTmaBytes = uint32_t(kBlockM * kHeadDim * sizeof(Element));
 
   // The S accumulator ((2, 2, N/8), 1, 1) reread as the wgmma A-register operand
   // ((2, 2, 2), 1, N/16): both hold (col pair, row + 8, col + 8) in the same order.
@@ -76,6 +77,7 @@ struct KernelTraits {
     cute::array_aligned<Element, cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cosize_v<SmemLayoutVt>, 1024> vt;
     float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| / scale_log2, or -inf
+    StageInfo stage_info[kStages];        // what each stage holds (traversal.hpp)
     ScheduledWork work[2];                // the scheduler's ring of decoded items
     alignas(8) uint64_t q_loaded;
     uint64_t q_consumed;                  // the consumers' last S = Q K^T of an item is done

@@ -81,6 +81,10 @@ __device__ inline void window_bias(const AttentionParams& p, const Traversal& tr
   }
 }
 
+// Named barriers: 0 is __syncthreads, 1 the producer warpgroup's (window_bias), and
+// kTurnBarrier + w the turn of consumer warpgroup w (Mainloop::consume).
+inline constexpr int kTurnBarrier = 2;
+
 template <class Traits>
 struct Mainloop {
   using Element = typename Traits::Element;
@@ -101,6 +105,9 @@ struct Mainloop {
   // Stages are published on kv_loaded[stage] by kProducerThreads arrivals plus the bytes of the
   // stage's TMA boxes; cp.async rows arrive through cp.async.mbarrier.arrive.noinc when they land,
   // so the producer never waits on a copy and runs ahead by up to kStages stages, across items.
+  // With each stage goes its StageInfo (what it holds, whether it is the item's last), so the
+  // consumers never read the index themselves. An item without stages still sends one empty
+  // stage: the consumers learn from it that the item has ended.
   // The item's Q tile follows its first stage: that stage's buffer frees before the consumers
   // have finished the previous item's last S = Q K^T, which the Q buffer waits for.
   // next_item() runs once, after Q and once at most kClaimAheadIterations iterations are left
@@ -122,60 +129,84 @@ struct Mainloop {
         next_item();
       }
     };
-    auto issue_q = [&] {
-      barrier(ss.q_consumed).wait(q_phase ^ 1u);
-      loader.load_q(sQ);
-      cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
-      q_issued = true;
-      claim_next();
-    };
 
-    // The next stage's tile ids are read from the index before waiting for its buffer (Eq. 17).
-    for (Stage stage = sequence.next(p); stage.kind != StageKind::kEnd;
-         stage = sequence.next(p), cur.advance()) {
+    Stage stage = sequence.next(p);
+    bool first = true;
+    do {
+      // The following stage's tile ids are read from the index before waiting for this stage's
+      // buffer (Eq. 17); they also tell whether this stage is the item's last.
+      const Stage following = stage.kind == StageKind::kEnd ? stage : sequence.next(p);
       claim_next();
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
       uint64_t* bar = &ss.kv_loaded[cur.index];
+      StageInfo info{stage.tile0, stage.tile1, stage.first_block, stage.kind,
+                     following.kind == StageKind::kEnd, false};
       if (stage.kind == StageKind::kExactTiles) {
         // Full tiles of contiguous KV come by TMA (one thread issues them and expects their
         // bytes); the rest by cp.async, each thread arriving when its own copies land. Either
         // way the barrier sees kProducerThreads arrivals.
         const bool tma0 = loader.tma_tile(stage.tile0), tma1 = loader.tma_tile(stage.tile1);
         const uint32_t tma_bytes = (int(tma0) + int(tma1)) * Traits::kTileTmaBytes;
-        if (thread == 0 && tma_bytes != 0) {
-          TxBarrier::expect_transaction(bar, tma_bytes);
-          if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
-          if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+        info.generic_writes = !(tma0 && tma1);
+        if (thread == 0) {
+          ss.stage_info[cur.index] = info;
+          if (tma_bytes != 0) {
+            TxBarrier::expect_transaction(bar, tma_bytes);
+            if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
+            if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+          }
         }
         if (tma0 && tma1) {
-          barrier(*bar).arrive();
+          arrive_ordered(*bar);
         } else {
+          // Thread 0's StageInfo store is ordered before its copies' deferred arrival.
+          if (thread == 0) __threadfence_block();
           if (!tma0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
           if (!tma1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
           cutlass::arch::cpasync_barrier_arrive_noinc(bar);
         }
-      } else {
+      } else if (stage.kind == StageKind::kMeanWindow) {
         // Mean window: thread 0 fetches the surrogate keys by TMA while the warpgroup writes the
         // column biases; each thread's arrival publishes its own bias writes.
         if (thread == 0) {
+          ss.stage_info[cur.index] = info;
           TxBarrier::expect_transaction(bar, 2 * Traits::kTileTmaBytes);
           loader.tma_mean_window(sK, sVt, stage.first_block, cur.index, bar);
         }
         window_bias(p, trav, blocks, stage.first_block, ss.column_bias[cur.index], thread);
-        barrier(*bar).arrive();
+        arrive_ordered(*bar);
+      } else {
+        if (thread == 0) ss.stage_info[cur.index] = info;  // the item has no stage at all
+        arrive_ordered(*bar);
       }
-      if (!q_issued) issue_q();
-    }
-    if (!q_issued) issue_q();
+      if (first) {
+        barrier(ss.q_consumed).wait(q_phase ^ 1u);
+        if (p.q_tma) {
+          if (thread == 0) {
+            TxBarrier::expect_transaction(&ss.q_loaded, Traits::kQTmaBytes);
+            loader.tma_q(sQ, &ss.q_loaded);
+          }
+          arrive_ordered(ss.q_loaded);
+        } else {
+          loader.load_q(sQ);
+          cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
+        }
+        q_issued = true;
+        first = false;
+      }
+      cur.advance();
+      stage = following;
+    } while (stage.kind != StageKind::kEnd);
     claim_next();  // nothing is left: fires now if it has not yet
   }
 
   // Intra-warpgroup overlap (Eq. 14): while the softmax of stage n runs on the CUDA cores, the
-  // tensor cores finish P_{n-1} V_{n-1}; S_n = Q K_n is issued before both.
+  // tensor cores finish P_{n-1} V_{n-1}; S_n = Q K_n is issued before both, and O is rescaled
+  // while S_n runs. The two consumer warpgroups take turns issuing their wgmmas (named barriers
+  // kTurnBarrier + warpgroup), so one warpgroup's softmax runs while the other's wgmmas do.
   // The cursor carries the pipeline position from item to item; q_phase is the item's parity.
-  __device__ static void consume(const AttentionParams& p, const WorkTile& w,
-                                 const Traversal& trav, Storage& ss, StageCursor<kStages>& cur,
-                                 uint32_t q_phase) {
+  __device__ static void consume(const AttentionParams& p, const WorkTile& w, Storage& ss,
+                                 StageCursor<kStages>& cur, uint32_t q_phase) {
     using namespace cute;
     auto [sQ, sK, sVt] = smem_tensors(ss);
     const int thread = threadIdx.x - Traits::kProducerThreads;
@@ -212,22 +243,21 @@ struct Mainloop {
     const int32_t pmin = w.seq.pmin(w.tile);
 
     // S for the stage's kind: mask exact tiles that reach past pmin, shift mean windows.
-    auto to_logits = [&](int buffer, const Stage& stage) {
-      if (stage.kind == StageKind::kExactTiles) {
-        const int32_t tiles[2] = {stage.tile0, stage.tile1};
+    auto to_logits = [&](int buffer, const StageInfo& info) {
+      if (info.kind == StageKind::kExactTiles) {
+        const int32_t tiles[2] = {info.tile0, info.tile1};
         if (stage_needs_mask(tiles, pmin)) mask_exact(s, s_coord, tiles, pos);
       } else {
         shift_means(s, s_coord, ss.column_bias[buffer]);
       }
     };
-    // The stage's data has landed before its wgmma reads it; data written by cp.async or by
-    // stores (not TMA) is then made visible to the async proxy.
-    auto wait_loaded = [&](int buffer, uint32_t phase, const Stage& st) {
-      barrier(ss.kv_loaded[buffer]).wait(phase);
-      const bool tma_only = st.kind == StageKind::kMeanWindow ||
-                            (tile_by_tma(p, w.seq.len_kv, st.tile0) &&
-                             tile_by_tma(p, w.seq.len_kv, st.tile1));
-      if (!tma_only) cutlass::arch::fence_view_async_shared();
+    // The stage's data and StageInfo have landed before its wgmma reads them; data written by
+    // cp.async or by stores (not TMA) is then made visible to the async proxy.
+    auto wait_loaded = [&](int buffer, uint32_t phase) {
+      wait_ordered(ss.kv_loaded[buffer], phase);
+      const StageInfo info = ss.stage_info[buffer];
+      if (info.generic_writes) cutlass::arch::fence_view_async_shared();
+      return info;
     };
     // One arrival per consumer warp once the warp's wgmmas no longer read the buffer.
     auto release = [&](int buffer) {
@@ -243,44 +273,59 @@ struct Mainloop {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) rP(i) = Element(tSrS(i));
     };
+    // Turns: wait for the other warpgroup's wgmmas to be issued, then hand the turn back.
+    const int wg = thread / 128;
+    auto turn_begin = [&] {
+      asm volatile("bar.sync %0, %1;\n" ::"r"(kTurnBarrier + wg), "n"(Traits::kConsumerThreads)
+                   : "memory");
+    };
+    auto turn_end = [&] {
+      asm volatile("bar.arrive %0, %1;\n" ::"r"(kTurnBarrier + 1 - wg),
+                   "n"(Traits::kConsumerThreads)
+                   : "memory");
+    };
 
     clear(tOrO);
     OnlineSoftmax softmax(p.scale_log2);
     float factors[2];
-    StageSequence sequence(trav);
-    Stage stage = sequence.next(p);
-    barrier(ss.q_loaded).wait(q_phase);
+    wait_ordered(ss.q_loaded, q_phase);
     cutlass::arch::fence_view_async_shared();
-    if (stage.kind == StageKind::kEnd) {
+    StageInfo info = wait_loaded(cur.index, cur.phase);
+    if (info.kind == StageKind::kEnd) {  // an item without stages: zero rows, LSE -inf
+      release(cur.index);
       release_q();
+      cur.advance();
     } else {
-      Stage next = sequence.next(p);  // prefetched: its index loads overlap this stage's math
-      wait_loaded(cur.index, cur.phase, stage);
+      turn_begin();
       wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
+      turn_end();
       warpgroup_wait<0>();
-      if (next.kind == StageKind::kEnd) release_q();
-      to_logits(cur.index, stage);
+      if (info.last) release_q();
+      to_logits(cur.index, info);
       softmax.update(s, factors);
       to_p();
       int prev = cur.index;
-      while (next.kind != StageKind::kEnd) {
-        stage = next;
-        next = sequence.next(p);
+      while (!info.last) {
         cur.advance();
-        wait_loaded(cur.index, cur.phase, stage);
+        info = wait_loaded(cur.index, cur.phase);
+        turn_begin();
         wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
+        OnlineSoftmax::rescale(o, factors);  // while S_n runs; P_{n-1} V_{n-1} adds to it
         wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
+        turn_end();
         warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
-        if (next.kind == StageKind::kEnd) release_q();
-        to_logits(cur.index, stage);
+        if (info.last) release_q();
+        to_logits(cur.index, info);
         softmax.update(s, factors);
         warpgroup_wait<0>();
         release(prev);
-        OnlineSoftmax::rescale(o, factors);
         to_p();
         prev = cur.index;
       }
+      OnlineSoftmax::rescale(o, factors);
+      turn_begin();
       wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
+      turn_end();
       warpgroup_wait<0>();
       release(prev);
       cur.advance();  // the next item starts on the following stage

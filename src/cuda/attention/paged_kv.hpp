@@ -35,6 +35,41 @@ __device__ __forceinline__ void tma_load_box(void* smem, const CUtensorMap* map,
       : "memory");
 }
 
+// One 64 x g x 1 x (128 / g) box of the Q tensor map (D, g, Hkv, total_q) into shared memory.
+__device__ __forceinline__ void tma_load_box_4d(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                                int32_t col, int32_t head, int32_t token) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(col),
+      "r"(0), "r"(head), "r"(token)
+      : "memory");
+}
+
+// The same box into L2 only.
+__device__ __forceinline__ void tma_prefetch_box_4d(const CUtensorMap* map, int32_t col,
+                                                    int32_t head, int32_t token) {
+  asm volatile(
+      "cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(col), "r"(0), "r"(head), "r"(token)
+      : "memory");
+}
+
+// First token of item w's query tile in the Q tensor map (g divides the 128 rows).
+__device__ __forceinline__ int32_t q_tile_token(const AttentionParams& p, const WorkTile& w) {
+  return int32_t(w.q_row0) + w.tile * (kTileRows / p.group);
+}
+
+// Warms L2 with item w's Q tile (two TMA prefetches at D = 128), so that its load, which waits
+// for the previous item's last S = Q K^T, reads L2. Issued by one thread when w is decoded.
+template <int kHeadDim>
+__device__ __forceinline__ void prefetch_q_tile(const AttentionParams& p, const WorkTile& w) {
+  if (!p.q_tma) return;
+  CUTE_UNROLL
+  for (int c = 0; c < kHeadDim; c += 64) tma_prefetch_box_4d(&p.tma_q, c, w.h, q_tile_token(p, w));
+}
+
 // One 64 x 64 TMA box of a 2-D tensor map into shared memory; its bytes complete on `bar`.
 __device__ __forceinline__ void tma_load_box_2d(void* smem, const CUtensorMap* map, uint64_t* bar,
                                                 int32_t col, int32_t row) {
@@ -95,6 +130,15 @@ struct TileLoader {
         ++query;
       }
     }
+  }
+
+  // Q tile by TMA, issued by one thread; rows past the request read the next request's queries
+  // or zeros, finite either way, and their outputs are never stored.
+  template <class SmemQ>
+  __device__ void tma_q(SmemQ& sQ, uint64_t* bar) const {
+    CUTE_UNROLL
+    for (int c = 0; c < kD; c += Traits::kBoxCols)
+      tma_load_box_4d(&sQ(0, c), &p.tma_q, bar, c, w.h, q_tile_token(p, w));
   }
 
   // KV tile t: keys [64 t, 64 t + 64) of the request into rows [64 half, 64 half + 64) of stage

@@ -18,6 +18,11 @@ struct AttentionParams {
   // (means.cu), as 2-D tensors (D, batch * Hkv * max_blocks) in 64 x 64 boxes.
   CUtensorMap tma_k_mean{}, tma_v_mean{};
 
+  // Q as a 4-D tensor (D, g, Hkv, total_q) in 64 x g x 1 x (128 / g) boxes, when g is a power
+  // of two (attention.cu); else q_tma is false and Q goes through cp.async.
+  CUtensorMap tma_q{};
+  bool q_tma = false;
+
   // Queries [total_q, Hq, D] and lengths.
   const void* q = nullptr;
   int64_t q_stride_token = 0, q_stride_head = 0;
@@ -71,6 +76,7 @@ struct AttentionParams {
   // tile_prefix[b] = query tiles of requests before b (batch + 1 entries). Both live in the
   // workspace and are written by prepare_schedule before every launch.
   int32_t ctas = 1;
+  int32_t head_section = 1;  // KV heads per section of the work order (heuristics.hpp)
   int32_t* work_counter = nullptr;
   int32_t* tile_prefix = nullptr;
 };

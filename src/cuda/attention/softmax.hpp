@@ -83,8 +83,10 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int m = 0; m < 2; ++m) {
       const float sum = quad_allreduce(row_sum[m], [](float a, float b) { return a + b; });
-      const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      lse[m] = sum > 0.f ? (row_max[m] * scale_log2 + log2f(sum)) * kLn2 : -INFINITY;
+      // sum >= 1 for a row with any key (its maximum contributes exp2(0)), so the fast
+      // reciprocal and logarithm (MUFU, no slow paths) are within a few ulp.
+      const float inv = sum > 0.f ? __fdividef(1.f, sum) : 0.f;
+      lse[m] = sum > 0.f ? (row_max[m] * scale_log2 + __log2f(sum)) * kLn2 : -INFINITY;
       CUTE_UNROLL
       for (int n = 0; n < size<1>(o); ++n) o(m, n) *= inv;
     }

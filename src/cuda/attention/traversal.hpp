@@ -75,7 +75,7 @@ struct Traversal {
   }
 };
 
-enum class StageKind : int32_t { kExactTiles, kMeanWindow, kEnd };
+enum class StageKind : int8_t { kExactTiles, kMeanWindow, kEnd };
 
 // One pipeline stage: two exact tiles (tile1 = -1 when the stage holds only one), or a mean
 // window of kWindowBlocks blocks starting at first_block.
@@ -84,6 +84,18 @@ struct Stage {
   int32_t tile0 = -1, tile1 = -1;
   int32_t first_block = 0;
 };
+
+// What the producer put into a pipeline stage, sent with it through shared memory: the stage's
+// kind and tiles (or mean window), whether it is its item's last, and whether any of it was
+// written by cp.async or stores (then the consumers fence before wgmma reads it). An item with no
+// stage sends one of kind kEnd.
+struct alignas(16) StageInfo {
+  int32_t tile0 = -1, tile1 = -1, first_block = 0;
+  StageKind kind = StageKind::kEnd;
+  bool last = true;
+  bool generic_writes = false;
+};
+static_assert(sizeof(StageInfo) == 16, "one 16-byte shared-memory load");
 
 // The stages of one split, in order. Producer and consumers each walk their own copy, so both
 // evaluate the same sequence from the index without exchanging it through shared memory.
