@@ -17,6 +17,7 @@ using flashprefill::kKvTile;
 using flashprefill::kTileRows;
 using flashprefill::ProblemInfo;
 using flashprefill::cuda::attention::choose_head_section;
+using flashprefill::cuda::attention::choose_lead_tiles;
 using flashprefill::cuda::attention::choose_splits;
 using flashprefill::cuda::attention::kMaxPartialBytes;
 using flashprefill::cuda::attention::kMaxSplits;
@@ -127,6 +128,20 @@ TEST(HeadSection, AlwaysBetweenOneAndTheKvHeads) {
     ASSERT_GE(s, 1);
     ASSERT_LE(s, heads);
   }
+}
+
+TEST(LeadTiles, OneWaveOfTheGridAcrossAllHeads) {
+  EXPECT_EQ(choose_lead_tiles(132, 8, 1), 17);  // 136 items >= 132 CTAs
+  EXPECT_EQ(choose_lead_tiles(132, 8, 4), 5);
+  EXPECT_EQ(choose_lead_tiles(132, 1, 1), 132);
+  EXPECT_EQ(choose_lead_tiles(1, 8, 1), 1);
+  for (int32_t ctas = 1; ctas <= 200; ++ctas)
+    for (int32_t heads = 1; heads <= 16; ++heads)
+      for (int32_t splits = 1; splits <= 4; ++splits) {
+        const int32_t lead = choose_lead_tiles(ctas, heads, splits);
+        ASSERT_GE(lead * heads * splits, ctas);
+        ASSERT_LT((lead - 1) * heads * splits, ctas);
+      }
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ using flashprefill::WorkCoord;
 
 struct Batch {
   std::vector<int32_t> len_q;
-  int32_t group = 1, heads_kv = 1, section = 1, splits = 1, max_q_tiles = 0;
+  int32_t group = 1, heads_kv = 1, section = 1, lead = 0, splits = 1, max_q_tiles = 0;
 };
 
 std::vector<int32_t> prefix_of(const Batch& batch) {
@@ -37,8 +37,12 @@ std::vector<WorkCoord> expected_order(const Batch& batch) {
   std::vector<WorkCoord> order;
   for (int32_t b = 0; b < int32_t(batch.len_q.size()); ++b) {
     const int32_t tiles = request_tiles(batch.len_q[b], batch.group, batch.max_q_tiles);
+    const int32_t rest = std::max(tiles - batch.lead, 0);
+    for (int32_t tile = tiles - 1; tile >= rest; --tile)
+      for (int32_t h = 0; h < batch.heads_kv; ++h)
+        for (int32_t split = 0; split < batch.splits; ++split) order.push_back({b, h, tile, split});
     for (int32_t h0 = 0; h0 < batch.heads_kv; h0 += batch.section)
-      for (int32_t tile = tiles - 1; tile >= 0; --tile)
+      for (int32_t tile = rest - 1; tile >= 0; --tile)
         for (int32_t h = h0; h < std::min(h0 + batch.section, batch.heads_kv); ++h)
           for (int32_t split = 0; split < batch.splits; ++split)
             order.push_back({b, h, tile, split});
@@ -55,7 +59,7 @@ void expect_order(const Batch& batch, std::mt19937& rng) {
   for (int32_t item = 0; item < int32_t(want.size()); ++item) {
     int32_t request = 0;
     const WorkCoord c = decode_work_item(prefix.data(), batch_size, batch.heads_kv, batch.section,
-                                         batch.splits, item, request);
+                                         batch.lead, batch.splits, item, request);
     const WorkCoord& w = want[size_t(item)];
     ASSERT_EQ(std::tie(c.b, c.h, c.tile, c.split), std::tie(w.b, w.h, w.tile, w.split))
         << "item " << item;
@@ -69,7 +73,7 @@ void expect_order(const Batch& batch, std::mt19937& rng) {
   for (int32_t item = 0; item < int32_t(want.size()); ++item) {
     int32_t& request = hint[size_t(rng() % unsigned(ctas))];
     const WorkCoord c = decode_work_item(prefix.data(), batch_size, batch.heads_kv, batch.section,
-                                         batch.splits, item, request);
+                                         batch.lead, batch.splits, item, request);
     ASSERT_LT(c.tile, request_tiles(batch.len_q[size_t(c.b)], batch.group, batch.max_q_tiles));
     ASSERT_GE(c.tile, 0);
     ASSERT_TRUE(seen.insert({c.b, c.h, c.tile, c.split}).second) << "item " << item;
@@ -100,10 +104,10 @@ std::vector<int32_t> one_request_prefix() {
 TEST(WorkOrder, SingleRequestHeaviestTileFirst) {
   const std::vector<int32_t> prefix = one_request_prefix();
   int32_t request = 0;
-  const WorkCoord first = decode_work_item(prefix.data(), 1, 2, 2, 1, 0, request);
+  const WorkCoord first = decode_work_item(prefix.data(), 1, 2, 2, 0, 1, 0, request);
   EXPECT_EQ(first.tile, 31);  // ceil(4000 / 128) = 32 tiles, the last one first
   EXPECT_EQ(first.h, 0);
-  const WorkCoord second = decode_work_item(prefix.data(), 1, 2, 2, 1, 1, request);
+  const WorkCoord second = decode_work_item(prefix.data(), 1, 2, 2, 0, 1, 1, request);
   EXPECT_EQ(second.tile, 31);
   EXPECT_EQ(second.h, 1);
 }
@@ -112,9 +116,31 @@ TEST(WorkOrder, OneHeadSectionsRunEachHeadsTilesTogether) {
   const std::vector<int32_t> prefix = one_request_prefix();
   int32_t request = 0;
   for (int32_t item = 0; item < 64; ++item) {
-    const WorkCoord c = decode_work_item(prefix.data(), 1, 2, 1, 1, item, request);
+    const WorkCoord c = decode_work_item(prefix.data(), 1, 2, 1, 0, 1, item, request);
     EXPECT_EQ(c.h, item / 32);
     EXPECT_EQ(c.tile, 31 - item % 32);
+  }
+}
+
+TEST(WorkOrder, LeadTilesOfEveryHeadComeFirst) {
+  const std::vector<int32_t> prefix = one_request_prefix();
+  int32_t request = 0;
+  // Three lead tiles: (31, h0) (31, h1) (30, h0) ... (29, h1), then head 0's tiles 28 ... 0.
+  for (int32_t item = 0; item < 6; ++item) {
+    const WorkCoord c = decode_work_item(prefix.data(), 1, 2, 1, 3, 1, item, request);
+    EXPECT_EQ(c.tile, 31 - item / 2);
+    EXPECT_EQ(c.h, item % 2);
+  }
+  for (int32_t item = 6; item < 64; ++item) {
+    const WorkCoord c = decode_work_item(prefix.data(), 1, 2, 1, 3, 1, item, request);
+    EXPECT_EQ(c.h, (item - 6) / 29);
+    EXPECT_EQ(c.tile, 28 - (item - 6) % 29);
+  }
+  // More lead tiles than the request has: the whole request is the lead phase.
+  for (int32_t item = 0; item < 64; ++item) {
+    const WorkCoord c = decode_work_item(prefix.data(), 1, 2, 1, 100, 1, item, request);
+    EXPECT_EQ(c.tile, 31 - item / 2);
+    EXPECT_EQ(c.h, item % 2);
   }
 }
 
@@ -131,6 +157,7 @@ TEST(WorkOrder, VarlenBatchesWithEmptyRequestsAndSplits) {
     batch.group = 1 + int32_t(rng() % 8);
     batch.heads_kv = 1 + int32_t(rng() % 4);
     batch.section = 1 + int32_t(rng() % unsigned(batch.heads_kv));
+    batch.lead = int32_t(rng() % 6);
     batch.splits = 1 + int32_t(rng() % 3);
     int32_t most = 0;
     for (const int32_t l : batch.len_q) most = std::max(most, request_tiles(l, batch.group, INT32_MAX));
@@ -148,7 +175,7 @@ TEST(WorkOrder, LeadingAndTrailingEmptyRequests) {
   batch.splits = 2;
   batch.max_q_tiles = 19;
   for (batch.section = 1; batch.section <= batch.heads_kv; ++batch.section)
-    expect_order(batch, rng);
+    for (batch.lead = 0; batch.lead < 4; ++batch.lead) expect_order(batch, rng);
 }
 
 }  // namespace

@@ -1,16 +1,16 @@
 // The order in which the CUDA attention kernel's persistent grid takes its work items
 // (docs/ALGORITHM.md, "Work units"), as plain arithmetic shared by the kernel's scheduler and the
-// CPU tests. Items are numbered request by request. A request's KV heads are cut into sections
-// of `section` consecutive heads (the last one may be shorter), chosen so that a section's K and V
-// fit in L2 together; inside a section from the query tile with the most causal keys down (tile
-// ids descending), the section's KV heads and then splits innermost:
-//   item = tile_prefix[b] * heads_kv * splits                      (the requests before b)
-//        + s * tiles_b * section * splits                          (the sections before s)
-//        + ((tiles_b - 1 - tile) * heads_s + (h - s * section)) * splits + split
-// where heads_s = min(section, heads_kv - s * section). tile_prefix[b] is the number of query
-// tiles of the requests before b (batch + 1 entries), so only tiles that exist are numbered.
-// The SMs working at one time then hold consecutive tiles of the same few heads: each KV block
-// fetched from HBM is reused from L2 by the other tiles of its head, dense or sparse.
+// CPU tests. Items are numbered request by request, each request in two phases:
+//  - lead: its `lead` heaviest query tiles (the most causal keys: tile ids descending) of every KV
+//    head, tile by tile, KV heads and then splits innermost. One wave of the grid starts on the
+//    longest items of all heads at once (a forced-dense recent tile can take half a sparse call).
+//  - sections: the other tiles, with the KV heads cut into sections of `section` consecutive heads
+//    (the last one may be shorter) whose K and V fit in L2 together; inside a section tile by tile
+//    from the heaviest down, the section's KV heads and then splits innermost. The SMs working at
+//    one time then read the KV of a few heads only, and each KV block fetched from HBM is reused
+//    from L2 by the other tiles of its head, dense or sparse.
+// tile_prefix[b] is the number of query tiles of the requests before b (batch + 1 entries), so
+// only tiles that exist are numbered.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +34,11 @@ struct WorkCoord {
 };
 
 // Item `item` (< tile_prefix[batch] * heads_kv * splits) to its coordinates; 1 <= section <=
-// heads_kv. `request` is a request at or before the item's (0 always works); it is advanced to
-// the item's request, so a caller whose items only grow searches from where it left off.
+// heads_kv, lead >= 0. `request` is a request at or before the item's (0 always works); it is
+// advanced to the item's request, so a caller whose items only grow searches from where it left
+// off.
 FP_HD WorkCoord decode_work_item(const int32_t* tile_prefix, int32_t batch, int32_t heads_kv,
-                                 int32_t section, int32_t splits, int32_t item,
+                                 int32_t section, int32_t lead, int32_t splits, int32_t item,
                                  int32_t& request) {
   const int32_t per_tile = heads_kv * splits;
   const int32_t linear = item / per_tile;
@@ -52,16 +53,26 @@ FP_HD WorkCoord decode_work_item(const int32_t* tile_prefix, int32_t batch, int3
   request = lo;
   const int32_t first = tile_prefix[lo], tiles = tile_prefix[lo + 1] - first;
   // Offset inside the request (< tiles * per_tile, so 32-bit like `item`).
-  const int32_t local = item - first * per_tile;
-  const int32_t per_section = tiles * section * splits;  // items of a full section
+  int32_t local = item - first * per_tile;
+  const int32_t leading = lead < tiles ? lead : tiles;
+  WorkCoord c;
+  c.b = lo;
+  if (local < leading * per_tile) {  // lead phase: every head
+    const int32_t rank = local / per_tile, rest = local - rank * per_tile;
+    c.tile = tiles - 1 - rank;
+    c.h = rest / splits;
+    c.split = rest - c.h * splits;
+    return c;
+  }
+  local -= leading * per_tile;
+  const int32_t rest_tiles = tiles - leading;
+  const int32_t per_section = rest_tiles * section * splits;  // items of a full section
   const int32_t s = local / per_section;
   const int32_t heads_s = heads_kv - s * section < section ? heads_kv - s * section : section;
   const int32_t in_section = local - s * per_section;
   const int32_t per_tile_s = heads_s * splits;
   const int32_t rank = in_section / per_tile_s, rest = in_section - rank * per_tile_s;
-  WorkCoord c;
-  c.b = lo;
-  c.tile = tiles - 1 - rank;
+  c.tile = rest_tiles - 1 - rank;
   c.h = s * section + rest / splits;
   c.split = rest - (rest / splits) * splits;
   return c;

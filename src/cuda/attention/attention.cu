@@ -261,10 +261,15 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
                                           std::to_string(items));
   a.ctas = int32_t(std::min<int64_t>(items, sm_count()));
   a.head_section = attention::choose_head_section(info, l2_bytes());
-  // FLASHPREFILL_ATTENTION_HEAD_SECTION=n overrides it (benchmarks compare orders).
+  a.lead_tiles = attention::choose_lead_tiles(a.ctas, a.heads_kv, a.num_splits);
+  // FLASHPREFILL_ATTENTION_HEAD_SECTION=n (n >= 1) and FLASHPREFILL_ATTENTION_LEAD_TILES=n
+  // (n >= 0) override them (benchmarks compare orders).
   if (const char* forced = std::getenv("FLASHPREFILL_ATTENTION_HEAD_SECTION")) {
     const int n = std::atoi(forced);
     if (n > 0) a.head_section = std::min(n, a.heads_kv);
+  }
+  if (const char* forced = std::getenv("FLASHPREFILL_ATTENTION_LEAD_TILES")) {
+    if (forced[0] >= '0' && forced[0] <= '9') a.lead_tiles = std::atoi(forced);
   }
   const PartialBytes bytes = partial_bytes(info, a.num_splits);
   char* const sched = static_cast<char*>(workspace);

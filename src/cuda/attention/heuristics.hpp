@@ -46,4 +46,12 @@ inline int32_t choose_head_section(const ProblemInfo& info, int64_t l2_bytes) {
   return int32_t(std::clamp<int64_t>(fit, 1, std::max(p.num_heads_kv, 1)));
 }
 
+// Tiles per request taken from every KV head before the head sections (core/work_order.hpp): one
+// wave of the grid, so that the longest items of all heads (a forced-dense recent tile, the tiles
+// with the most causal keys) start at once instead of when their section comes up.
+inline int32_t choose_lead_tiles(int32_t ctas, int32_t heads_kv, int32_t splits) {
+  const int64_t per_tile = std::max<int64_t>(int64_t(heads_kv) * splits, 1);
+  return int32_t(ceil_div(int64_t(std::max(ctas, 1)), per_tile));
+}
+
 }  // namespace flashprefill::cuda::attention

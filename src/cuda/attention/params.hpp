@@ -77,6 +77,7 @@ struct AttentionParams {
   // workspace and are written by prepare_schedule before every launch.
   int32_t ctas = 1;
   int32_t head_section = 1;  // KV heads per section of the work order (heuristics.hpp)
+  int32_t lead_tiles = 0;    // tiles per request taken from every head first (heuristics.hpp)
   int32_t* work_counter = nullptr;
   int32_t* tile_prefix = nullptr;
 };

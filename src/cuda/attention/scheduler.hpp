@@ -46,8 +46,8 @@ struct ItemDecoder {
       return;
     }
     const WorkCoord c =
-        decode_work_item(p.tile_prefix, p.batch, p.heads_kv, p.head_section, p.num_splits, item,
-                         request);
+        decode_work_item(p.tile_prefix, p.batch, p.heads_kv, p.head_section, p.lead_tiles,
+                         p.num_splits, item, request);
     out.w = make_work(p, c.b, c.h, c.tile, c.split);
     out.trav = Traversal::make(p, out.w);
     out.valid = 1;
