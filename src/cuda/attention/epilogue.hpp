@@ -37,22 +37,35 @@ __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkT
                                            const float (&lse)[2]) {
   using cute::get;
   using cute::size;
+  static_assert(kHeadDim % 32 == 0 && sizeof(Element) == 2);
   const int64_t rows = w.seq.packed_rows();
   const int64_t heads_q = int64_t(p.heads_kv) * p.group;
-  if (p.num_splits == 1 && p.out_vec16) {
-    // The quad's four threads share a row and hold interleaved column pairs (8 j + 2 q, + 1 in
-    // group j); after a transpose each owns a whole 8-column group and writes it as one 16-byte
-    // store: a quarter of the store instructions and of the cache lines each one touches.
-    static_assert(kHeadDim % 32 == 0 && sizeof(Element) == 2);
-    const int q = threadIdx.x % 4;
-    CUTE_UNROLL
-    for (int m = 0; m < 2; ++m) {
-      const int64_t r = w.seq.tile_row_begin(w.tile) + get<0>(coord(m, 0));
-      const bool valid = r < rows;
-      const int64_t token = valid ? w.q_row0 + w.seq.query_index(r) : 0;  // Eq. 13
-      const int64_t head = valid ? int64_t(w.h) * p.group + w.seq.head_in_group(r) : 0;
-      Element* out = static_cast<Element*>(p.out) + token * p.out_stride_token +
-                     head * p.out_stride_head;
+  const int q = threadIdx.x % 4;
+  CUTE_UNROLL
+  for (int m = 0; m < 2; ++m) {
+    // Every lane runs the loop body (the transposes shuffle across the quad); stores are
+    // predicated on the row being inside the request.
+    const int64_t r = w.seq.tile_row_begin(w.tile) + get<0>(coord(m, 0));
+    const bool valid = r < rows;
+    const int64_t token = valid ? w.q_row0 + w.seq.query_index(r) : 0;  // Eq. 13
+    const int64_t head = valid ? int64_t(w.h) * p.group + w.seq.head_in_group(r) : 0;
+    const bool owns_lse = valid && get<1>(coord(m, 0)) == 0;
+    if (p.num_splits > 1) {  // float partials for combine.cu
+      const int64_t slot = (int64_t(w.split) * p.total_q + token) * heads_q + head;
+      float* out = p.o_partial + slot * kHeadDim;
+      CUTE_UNROLL
+      for (int n = 0; n < size<1>(o); n += 2)
+        if (valid)
+          *reinterpret_cast<float2*>(out + get<1>(coord(m, n))) = make_float2(o(m, n), o(m, n + 1));
+      if (owns_lse) p.lse_partial[(int64_t(w.split) * heads_q + head) * p.total_q + token] = lse[m];
+      continue;
+    }
+    Element* out = static_cast<Element*>(p.out) + token * p.out_stride_token +
+                   head * p.out_stride_head;
+    if (p.out_vec16) {
+      // The quad's four threads share a row and hold interleaved column pairs (8 j + 2 q, + 1 in
+      // group j); after a transpose each owns a whole 8-column group and writes it as one 16-byte
+      // store: a quarter of the store instructions and of the cache lines each one touches.
       CUTE_UNROLL
       for (int k = 0; k < kHeadDim / 32; ++k) {
         uint32_t a[4];
@@ -67,36 +80,16 @@ __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkT
         const int col = get<1>(coord(m, 2 * (4 * k + q))) - 2 * q;  // 8 (4 k + q)
         if (valid) *reinterpret_cast<uint4*>(out + col) = make_uint4(a[0], a[1], a[2], a[3]);
       }
-      if (valid && p.lse != nullptr && get<1>(coord(m, 0)) == 0) p.lse[head * p.total_q + token] = lse[m];
-    }
-    return;
-  }
-  CUTE_UNROLL
-  for (int m = 0; m < 2; ++m) {
-    const int64_t r = w.seq.tile_row_begin(w.tile) + get<0>(coord(m, 0));
-    if (r >= rows) continue;
-    const int64_t token = w.q_row0 + w.seq.query_index(r);  // Eq. 13
-    const int64_t head = int64_t(w.h) * p.group + w.seq.head_in_group(r);
-    const bool owns_lse = get<1>(coord(m, 0)) == 0;
-    if (p.num_splits == 1) {
-      Element* out = static_cast<Element*>(p.out) + token * p.out_stride_token +
-                     head * p.out_stride_head;
+    } else {  // rows not 16-byte aligned: element pairs
       CUTE_UNROLL
       for (int n = 0; n < size<1>(o); n += 2) {
         cutlass::Array<Element, 2> pair;
         pair[0] = Element(o(m, n));
         pair[1] = Element(o(m, n + 1));
-        *reinterpret_cast<cutlass::Array<Element, 2>*>(out + get<1>(coord(m, n))) = pair;
+        if (valid) *reinterpret_cast<cutlass::Array<Element, 2>*>(out + get<1>(coord(m, n))) = pair;
       }
-      if (p.lse != nullptr && owns_lse) p.lse[head * p.total_q + token] = lse[m];
-    } else {
-      const int64_t slot = (int64_t(w.split) * p.total_q + token) * heads_q + head;
-      float* out = p.o_partial + slot * kHeadDim;
-      CUTE_UNROLL
-      for (int n = 0; n < size<1>(o); n += 2)
-        *reinterpret_cast<float2*>(out + get<1>(coord(m, n))) = make_float2(o(m, n), o(m, n + 1));
-      if (owns_lse) p.lse_partial[(int64_t(w.split) * heads_q + head) * p.total_q + token] = lse[m];
     }
+    if (owns_lse && p.lse != nullptr) p.lse[head * p.total_q + token] = lse[m];
   }
 }
 
