@@ -1,8 +1,9 @@
-// The two roles of the warp-specialized mainloop, run once per work item. Both walk the same
-// StageSequence. The producer warpgroup fills shared-memory stages (exact KV tiles by TMA or by
-// cp.async through KvAddress, mean windows by TMA from the converted means); the consumer
-// warpgroups run S = Q K^T, the mask or mean shift, the online softmax and O += P V on wgmma for
-// every stage, then the epilogue.
+// The two roles of the warp-specialized mainloop, run once per work item. The producer warpgroup
+// walks the item's StageSequence and fills shared-memory stages (exact KV tiles by TMA or by
+// cp.async through KvAddress, mean windows by TMA from the converted means), each with its
+// StageInfo; the consumer warpgroups run S = Q K^T, the mask or mean shift, the online softmax
+// and O += P V on wgmma for every stage they receive, then the epilogue. docs/KERNEL.md has the
+// whole picture.
 #pragma once
 
 #include <cmath>

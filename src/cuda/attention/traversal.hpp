@@ -97,8 +97,8 @@ struct alignas(16) StageInfo {
 };
 static_assert(sizeof(StageInfo) == 16, "one 16-byte shared-memory load");
 
-// The stages of one split, in order. Producer and consumers each walk their own copy, so both
-// evaluate the same sequence from the index without exchanging it through shared memory.
+// The stages of one split, in order, as the producer walks them; each stage it fills goes to the
+// consumers with its StageInfo.
 struct StageSequence {
   const Traversal& trav;
   int32_t i;
