@@ -29,25 +29,22 @@ constexpr size_t kAlign = 256;
 constexpr int64_t kElementBytes = 2;  // bf16 / fp16
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+// An attribute of the current device, or `fallback` when the runtime cannot tell.
+int device_attribute(cudaDeviceAttr attribute, int fallback) {
+  int device = 0, n = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&n, attribute, device) != cudaSuccess)
+    return fallback;
+  return n;
+}
+
 int sm_count() {
-  static const int count = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
-      return 132;
-    return n;
-  }();
+  static const int count = device_attribute(cudaDevAttrMultiProcessorCount, 132);
   return count;
 }
 
 int l2_bytes() {
-  static const int bytes = [] {
-    int device = 0, n = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&n, cudaDevAttrL2CacheSize, device) != cudaSuccess)
-      return 50 << 20;
-    return n;
-  }();
+  static const int bytes = device_attribute(cudaDevAttrL2CacheSize, 50 << 20);
   return bytes;
 }
 
