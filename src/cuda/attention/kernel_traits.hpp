@@ -33,7 +33,7 @@ struct KernelTraits {
   // 56 for the producer: with 40 its per-item state (scheduler, Q copy) spilled to local memory,
   // and the consumers need no more than 224 (no spills at D = 128).
   static constexpr int kLaunchRegs = 168;
-    static constexpr int kProducerRegs = 56;
+  static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
   static_assert(kProducerRegs * kProducerThreads + kConsumerRegs * kConsumerThreads <=
                 kLaunchRegs * (kProducerThreads + kConsumerThreads));
