@@ -26,7 +26,7 @@ namespace {
 using attention::AttentionParams;
 
 constexpr size_t kAlign = 256;
-constexpr int64_t kElementBytes = 2;  // bf16 / fp16
+using attention::kElementBytes;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // An attribute of the current device, or `fallback` when the runtime cannot tell.

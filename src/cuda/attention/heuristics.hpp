@@ -11,6 +11,7 @@
 
 namespace flashprefill::cuda::attention {
 
+inline constexpr int64_t kElementBytes = 2;  // bf16 / fp16 operands
 inline constexpr int kMaxSplits = 16;
 inline constexpr int kMinTilesPerSplit = 8;
 inline constexpr int64_t kMaxPartialBytes = int64_t(1) << 30;
@@ -39,7 +40,6 @@ inline constexpr double kL2Share = 0.5;
 
 inline int32_t choose_head_section(const ProblemInfo& info, int64_t l2_bytes) {
   const fp_problem& p = *info.p;
-  constexpr int64_t kElementBytes = 2;  // bf16 / fp16
   const int64_t head_bytes =
       std::max<int64_t>(2 * int64_t(p.max_seqlen_k) * p.head_dim * kElementBytes, 1);
   const int64_t fit = int64_t(double(l2_bytes) * kL2Share) / head_bytes;

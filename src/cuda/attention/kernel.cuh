@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ScheduledWork& sw = ss.work[at.index];
       decoder.decode(p, item, sw);
       arrive_ordered(ss.work_full[at.index]);
-      if (sw.valid) prefetch_q_tile<Traits::kHeadDim>(p, sw.w);
+      if (sw.valid) TileLoader<Traits>{p, sw.w, 0}.prefetch_q();
     };
     if (scheduler) publish(blockIdx.x, slot);
     for (;;) {

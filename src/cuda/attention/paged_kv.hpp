@@ -61,15 +61,6 @@ __device__ __forceinline__ int32_t q_tile_token(const AttentionParams& p, const 
   return int32_t(w.q_row0) + w.tile * (kTileRows / p.group);
 }
 
-// Warms L2 with item w's Q tile (two TMA prefetches at D = 128), so that its load, which waits
-// for the previous item's last S = Q K^T, reads L2. Issued by one thread when w is decoded.
-template <int kHeadDim>
-__device__ __forceinline__ void prefetch_q_tile(const AttentionParams& p, const WorkTile& w) {
-  if (!p.q_tma) return;
-  CUTE_UNROLL
-  for (int c = 0; c < kHeadDim; c += 64) tma_prefetch_box_4d(&p.tma_q, c, w.h, q_tile_token(p, w));
-}
-
 // One 64 x 64 TMA box of a 2-D tensor map into shared memory; its bytes complete on `bar`.
 __device__ __forceinline__ void tma_load_box_2d(void* smem, const CUtensorMap* map, uint64_t* bar,
                                                 int32_t col, int32_t row) {
@@ -139,6 +130,15 @@ struct TileLoader {
     CUTE_UNROLL
     for (int c = 0; c < kD; c += Traits::kBoxCols)
       tma_load_box_4d(&sQ(0, c), &p.tma_q, bar, c, w.h, q_tile_token(p, w));
+  }
+
+  // The same boxes into L2 only, issued by one thread when the item is decoded: its Q load, which
+  // waits for the previous item's last S = Q K^T, then reads L2.
+  __device__ void prefetch_q() const {
+    if (!p.q_tma) return;
+    CUTE_UNROLL
+    for (int c = 0; c < kD; c += Traits::kBoxCols)
+      tma_prefetch_box_4d(&p.tma_q, c, w.h, q_tile_token(p, w));
   }
 
   // KV tile t: keys [64 t, 64 t + 64) of the request into rows [64 half, 64 half + 64) of stage
