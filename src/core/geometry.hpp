@@ -27,13 +27,14 @@ struct SeqGeometry {
   FP_HD int64_t packed_rows() const { return int64_t(group) * len_q; }
   FP_HD int32_t num_q_tiles() const { return int32_t(ceil_div(packed_rows(), kTileRows)); }
   // Eq. 13: packed row -> query index inside the request, and absolute position. Rows below 2^31
-  // (every practical request) take the 32-bit division, several times cheaper on the GPU.
+  // (every practical request) take the unsigned 32-bit division (r >= 0, g >= 1), several times
+  // cheaper on the GPU than the 64-bit one.
   FP_HD int32_t query_index(int64_t r) const {
-    return r <= INT32_MAX ? int32_t(r) / group : int32_t(r / group);
+    return r <= INT32_MAX ? int32_t(uint32_t(r) / uint32_t(group)) : int32_t(r / group);
   }
   FP_HD int32_t position(int64_t r) const { return offset() + query_index(r); }
   FP_HD int32_t head_in_group(int64_t r) const {
-    return r <= INT32_MAX ? int32_t(r) % group : int32_t(r % group);
+    return r <= INT32_MAX ? int32_t(uint32_t(r) % uint32_t(group)) : int32_t(r % group);
   }
   FP_HD int64_t tile_row_begin(int32_t tile) const { return int64_t(tile) * kTileRows; }
   FP_HD int64_t tile_row_end(int32_t tile) const {

@@ -93,4 +93,85 @@ __device__ __forceinline__ void store_tile(const AttentionParams& p, const WorkT
   }
 }
 
+// Whether the consumers write the finished tile through shared memory (store_tile_staged): the
+// output rows are 16-byte aligned and the tile is not a split's partial.
+__device__ __forceinline__ bool staged_store(const AttentionParams& p) {
+  return p.out_vec16 && p.num_splits == 1;
+}
+
+// Four 8 x 8 matrices of 16-bit elements from the wgmma accumulator layout (lane t holds row
+// t / 4, columns 2 (t % 4) + {0, 1} of each) to shared memory; lanes 8 i .. 8 i + 7 give the row
+// addresses of matrix i.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// The same tile as store_tile (normalized o, the dtype, 16-byte aligned rows, no split), through
+// shared memory: each warp writes its 16 rows with stmatrix into `staging` (rows of kHeadDim
+// elements, 16-byte chunks XOR-swizzled by row so that neither side conflicts on banks), then
+// copies them out a whole row per 16 lanes with 16-byte loads and stores. Each row's address is
+// worked out once, by one lane. `staging` holds this warpgroup's 64 rows; the warp touches only
+// its own 16, so a __syncwarp orders the two halves.
+template <class Element, int kHeadDim, class Out, class Coords>
+__device__ __forceinline__ void store_tile_staged(const AttentionParams& p, const WorkTile& w,
+                                                  const Out& o, const Coords& coord,
+                                                  const float (&lse)[2], char* staging) {
+  using cute::get;
+  static_assert(sizeof(Element) == 2 && kHeadDim % 16 == 0);
+  constexpr int kRowBytes = kHeadDim * 2;
+  constexpr int kChunks = kHeadDim / 8;        // 16-byte chunks per row
+  constexpr int kRowsPerPass = 32 / kChunks;   // rows one warp copies per pass
+  const int lane = threadIdx.x % 32;
+  const int warp_row0 = 16 * ((threadIdx.x / 32) % 4);  // the warp's rows in the 64-row slab
+  const uint32_t base = cute::cast_smem_ptr_to_uint(staging) + warp_row0 * kRowBytes;
+
+  // Matrix i of call c: rows 8 (i % 2) .. + 7 of the warp's 16, columns 8 (2 c + i / 2) .. + 7.
+  {
+    const int i = lane / 8, rr = lane % 8;
+    const uint32_t row_addr = base + (8 * (i % 2) + rr) * kRowBytes;
+    CUTE_UNROLL
+    for (int c = 0; c < kChunks / 2; ++c) {
+      uint32_t r[4];
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        const int m = k % 2, j = 2 * c + k / 2;  // pair j of row m: columns 8 j + 2 (lane % 4)
+        cutlass::Array<Element, 2> pair;
+        pair[0] = Element(o(m, 2 * j));
+        pair[1] = Element(o(m, 2 * j + 1));
+        r[k] = reinterpret_cast<const uint32_t&>(pair);
+      }
+      stmatrix_x4(row_addr + (((2 * c + i / 2) ^ rr) << 4), r[0], r[1], r[2], r[3]);
+    }
+  }
+
+  // Lane l < 16 owns row l of the warp's 16: its output address (null past the request) and LSE.
+  const int64_t r = w.seq.tile_row_begin(w.tile) + get<0>(coord(0, 0)) - lane / 4 + lane % 16;
+  const bool valid = lane < 16 && r < w.seq.packed_rows();
+  const int64_t token = valid ? w.q_row0 + w.seq.query_index(r) : 0;  // Eq. 13
+  const int64_t head = valid ? int64_t(w.h) * p.group + w.seq.head_in_group(r) : 0;
+  Element* row_out = valid ? static_cast<Element*>(p.out) + token * p.out_stride_token +
+                                 head * p.out_stride_head
+                           : nullptr;
+  const float lse0 = __shfl_sync(0xffffffffu, lse[0], 4 * (lane % 8));
+  const float lse1 = __shfl_sync(0xffffffffu, lse[1], 4 * (lane % 8));
+  if (valid && p.lse != nullptr) p.lse[head * p.total_q + token] = (lane % 16) < 8 ? lse0 : lse1;
+  __syncwarp();
+
+  const int chunk = lane % kChunks;
+  CUTE_UNROLL
+  for (int pass = 0; pass < 16 / kRowsPerPass; ++pass) {
+    const int row = pass * kRowsPerPass + lane / kChunks;
+    Element* out = reinterpret_cast<Element*>(
+        __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(row_out), row));
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(base + row * kRowBytes + ((chunk ^ (row % 8)) << 4)));
+    if (out != nullptr) *reinterpret_cast<uint4*>(out + 8 * chunk) = v;
+  }
+}
+
 }  // namespace flashprefill::cuda::attention

@@ -43,15 +43,18 @@ struct StageCursor {
 };
 
 // One warpgroup-wide wgmma batch C (+)= A B over the K mode; A from registers when kARegs.
-template <bool kZeroInit, bool kARegs, class Mma, class A, class B, class C>
+// With kLowerHalf, only the first half of the K mode runs (a stage holding one KV tile).
+template <bool kZeroInit, bool kARegs, bool kLowerHalf = false, class Mma, class A, class B,
+          class C>
 __device__ __forceinline__ void wgmma(Mma& mma, A& a, const B& b, C& c) {
   using namespace cute;
+  constexpr int kBlocks = decltype(size<2>(a))::value / (kLowerHalf ? 2 : 1);
   if constexpr (kARegs) warpgroup_fence_operand(a);
   warpgroup_fence_operand(c);
   warpgroup_arrive();
   if constexpr (kZeroInit) mma.accumulate_ = GMMA::ScaleOut::Zero;
   CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
+  for (int k = 0; k < kBlocks; ++k) {
     cute::gemm(mma, a(_, _, k), b(_, _, k), c);
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
@@ -82,9 +85,11 @@ __device__ inline void window_bias(const AttentionParams& p, const Traversal& tr
   }
 }
 
-// Named barriers: 0 is __syncthreads, 1 the producer warpgroup's (window_bias), and
-// kTurnBarrier + w the turn of consumer warpgroup w (Mainloop::consume).
+// Named barriers: 0 is __syncthreads, 1 the producer warpgroup's (window_bias), kTurnBarrier + w
+// the turn of consumer warpgroup w, and kStagingBarrier + 2 parity + w tells consumer warpgroup w
+// that the other one's last S = Q K^T of an item (of that parity) has landed (Mainloop::consume).
 inline constexpr int kTurnBarrier = 2;
+inline constexpr int kStagingBarrier = 4;
 
 template <class Traits>
 struct Mainloop {
@@ -145,10 +150,13 @@ struct Mainloop {
       if (stage.kind == StageKind::kExactTiles) {
         // Full tiles of contiguous KV come by TMA (one thread issues them and expects their
         // bytes); the rest by cp.async, each thread arriving when its own copies land. Either
-        // way the barrier sees kProducerThreads arrivals.
-        const bool tma0 = loader.tma_tile(stage.tile0), tma1 = loader.tma_tile(stage.tile1);
+        // way the barrier sees kProducerThreads arrivals. A stage with one tile leaves its upper
+        // half as it was: the consumers mask those columns of S and skip them in P V.
+        const bool has1 = stage.tile1 >= 0;
+        const bool tma0 = loader.tma_tile(stage.tile0), tma1 = has1 && loader.tma_tile(stage.tile1);
+        const bool copy0 = !tma0, copy1 = has1 && !tma1;
         const uint32_t tma_bytes = (int(tma0) + int(tma1)) * Traits::kTileTmaBytes;
-        info.generic_writes = !(tma0 && tma1);
+        info.generic_writes = copy0 || copy1;
         if (thread == 0) {
           ss.stage_info[cur.index] = info;
           if (tma_bytes != 0) {
@@ -157,13 +165,13 @@ struct Mainloop {
             if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
           }
         }
-        if (tma0 && tma1) {
+        if (!info.generic_writes) {
           arrive_ordered(*bar);
         } else {
           // Thread 0's StageInfo store is ordered before its copies' deferred arrival.
           if (thread == 0) __threadfence_block();
-          if (!tma0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
-          if (!tma1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
+          if (copy0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
+          if (copy1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
           cutlass::arch::cpasync_barrier_arrive_noinc(bar);
         }
       } else if (stage.kind == StageKind::kMeanWindow) {
@@ -270,6 +278,17 @@ struct Mainloop {
       __syncwarp();
       if (threadIdx.x % 32 == 0) barrier(ss.q_consumed).arrive();
     };
+    // A stage of exact tiles whose upper half holds no tile: its P is zero there (masked) and
+    // its V rows are stale, so P V runs over the lower half only.
+    auto one_tile = [](const StageInfo& info) {
+      return info.kind == StageKind::kExactTiles && info.tile1 < 0;
+    };
+    // O += P V; the two batches are whole (arrive to commit) on either path, so no wgmma of the
+    // common one waits on a branch (ptxas would otherwise split it and insert an empty wgmma).
+    auto issue_pv = [&](int buffer, bool lower_half) {
+      if (lower_half) wgmma<false, true, true>(mma_pv, tOrP, tOrVt(_, _, _, buffer), tOrO);
+      else wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, buffer), tOrO);
+    };
     auto to_p = [&]() {
       CUTE_UNROLL
       for (int i = 0; i < size(tSrS); ++i) rP(i) = Element(tSrS(i));
@@ -286,9 +305,25 @@ struct Mainloop {
                    : "memory");
     };
 
+    // The finished tile goes out through the K half of the item's last stage (staged_store):
+    // each warpgroup overwrites its 64 rows of it once its last P V has landed and the other
+    // warpgroup's last S = Q K^T, which read all of it, has too (a named barrier per parity of
+    // q_phase, so a warpgroup that runs ahead into the next item cannot pass it twice).
+    static_assert(Traits::kBlockM <= Traits::kBlockN, "the tile's rows fit in a stage's K half");
+    const bool staged = staged_store(p);
+    const int staging_barrier = kStagingBarrier + 2 * int(q_phase);
+    auto last_qk_landed = [&] {
+      release_q();
+      if (staged)
+        asm volatile("bar.arrive %0, %1;\n" ::"r"(staging_barrier + 1 - wg),
+                     "n"(Traits::kConsumerThreads)
+                     : "memory");
+    };
+
     clear(tOrO);
     OnlineSoftmax softmax(p.scale_log2);
     float factors[2];
+    float lse[2];
     wait_ordered(ss.q_loaded, q_phase);
     cutlass::arch::fence_view_async_shared();
     StageInfo info = wait_loaded(cur.index, cur.phase);
@@ -296,44 +331,57 @@ struct Mainloop {
       release(cur.index);
       release_q();
       cur.advance();
+      softmax.finalize(o, lse);
+      store_tile<Element, Traits::kHeadDim>(p, w, o, o_coord, lse);
     } else {
       turn_begin();
       wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
       turn_end();
       warpgroup_wait<0>();
-      if (info.last) release_q();
+      if (info.last) last_qk_landed();
       to_logits(cur.index, info);
       softmax.update(s, factors);
       to_p();
       int prev = cur.index;
+      bool prev_one_tile = one_tile(info);
       while (!info.last) {
         cur.advance();
         info = wait_loaded(cur.index, cur.phase);
         turn_begin();
         wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
         OnlineSoftmax::rescale(o, factors);  // while S_n runs; P_{n-1} V_{n-1} adds to it
-        wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
+        issue_pv(prev, prev_one_tile);
         turn_end();
         warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
-        if (info.last) release_q();
+        if (info.last) last_qk_landed();
         to_logits(cur.index, info);
         softmax.update(s, factors);
         warpgroup_wait<0>();
         release(prev);
         to_p();
         prev = cur.index;
+        prev_one_tile = one_tile(info);
       }
       OnlineSoftmax::rescale(o, factors);
       turn_begin();
-      wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, prev), tOrO);
+      issue_pv(prev, prev_one_tile);
       turn_end();
       warpgroup_wait<0>();
-      release(prev);
+      softmax.finalize(o, lse);
+      if (staged) {
+        asm volatile("bar.sync %0, %1;\n" ::"r"(staging_barrier + wg), "n"(Traits::kConsumerThreads)
+                     : "memory");
+        char* staging = reinterpret_cast<char*>(&sK(0, 0, prev)) +
+                        wg * (Traits::kBlockM / 2) * Traits::kHeadDim * int(sizeof(Element));
+        store_tile_staged<Element, Traits::kHeadDim>(p, w, o, o_coord, lse, staging);
+        cutlass::arch::fence_view_async_shared();  // before TMA refills the stage
+        release(prev);
+      } else {
+        release(prev);
+        store_tile<Element, Traits::kHeadDim>(p, w, o, o_coord, lse);
+      }
       cur.advance();  // the next item starts on the following stage
     }
-    float lse[2];
-    softmax.finalize(o, lse);
-    store_tile<Element, Traits::kHeadDim>(p, w, o, o_coord, lse);
   }
 };
 
