@@ -1,0 +1,47 @@
+"""A driver for ncu: three calls of one attention mode on the benchmark's inputs, nothing else.
+
+    python3 bench/profile_attention.py LIB RHO [L]
+
+RHO >= 1 runs dense mode; below 1, sparse mode without mean correction on a random 128x128
+block mask of that density (fixed seed, so every build profiles the same mask). Profile it with,
+for example (the second call is the one measured):
+
+    ncu --clock-control none --kernel-name regex:attention_kernel --launch-skip 1 \\
+        --launch-count 1 --section SpeedOfLight --section WarpStateStats \\
+        --section SourceCounters --import-source yes -o prof \\
+        python3 bench/profile_attention.py build/libflashprefill.so 0.05 32768
+"""
+
+import sys
+
+import torch
+
+import bench_attention as ba
+
+SEED = 7
+
+
+def main():
+    lib = ba.Lib(sys.argv[1])
+    rho = float(sys.argv[2])
+    L = int(sys.argv[3]) if len(sys.argv) > 3 else 32768
+    b = ba.Batch([L], [L])
+    ours = ba.Ours(lib, b)
+    if rho >= 1:
+        run = ours.dense
+    else:
+        gen = torch.Generator(device="cuda")
+        gen.manual_seed(SEED)
+        cfg = lib.config(alpha=0.1, correction=0)
+        sizes = ours.sizes(cfg)
+        cu, idx, _ = ba.csr_from_block_mask(ba.random_block_mask(L, rho, gen), L, sizes.max_q_tiles)
+        k_mean, v_mean = ba.block_means(b, cfg.block_size, sizes.max_blocks)
+        ours.prepare_sparse(cfg, cu, idx, k_mean, v_mean)
+        run = ours.sparse
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
