@@ -113,6 +113,18 @@ struct StageSequence {
         s.first_block = trav.window_first_block(i++);
         return s;
       }
+      // Two exact iterations at once: both index loads are in flight before either is tested
+      // (the common case); an unreachable entry or the segment's end takes the path below.
+      if (i + 1 < trav.last && trav.is_exact(i + 1)) {
+        const int32_t a = trav.exact_tile(p, i), b = trav.exact_tile(p, i + 1);
+        if (a >= 0 && b >= 0) {
+          s.tile0 = a;
+          s.tile1 = b;
+          s.kind = StageKind::kExactTiles;
+          i += 2;
+          return s;
+        }
+      }
       s.tile0 = trav.next_exact(p, i);
       if (s.tile0 < 0) continue;
       s.tile1 = trav.next_exact(p, i);
