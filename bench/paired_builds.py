@@ -1,0 +1,136 @@
+"""Paired A/B of two or more builds of the library: all builds in one process, on the same
+buffers, timed in interleaved rounds.
+
+Why: separate processes see different allocations and a GPU whose clocks drift with its power
+draw; on the H200 that spreads one build's sparse rows by 5-10 % from call to call, more than
+most kernel changes are worth. Here every round times each build once (a short CUDA-event
+median, the order rotating from round to round), so drift hits all builds alike, and each row
+reports the median over rounds of every build's time divided by the first build's time in the
+same round, with the spread of that ratio (its lower and upper quartiles).
+
+Every row first runs each build once into a NaN-poisoned output and reports the largest relative
+L2 difference between the builds' outputs and whether every output is finite; the timing runs
+on fresh random inputs drawn from a fixed seed, so every build sees the same q/k/v and masks.
+
+Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128, causal, bf16):
+  dense   ours at L = 8K, 32K, 128K, with cuDNN (SDPA) timed in the same rounds.
+  sparse  L = 32K, random 128x128 block masks at rho 50/20/10/5 % (diagonal forced), with and
+          without mean correction; also time / (density x the build's dense time at 32K).
+
+Usage: python3 bench/paired_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse] [--rounds N]
+"""
+
+import argparse
+import statistics
+import sys
+
+import torch
+from torch.nn.attention import SDPBackend
+
+import bench_attention as ba
+from common import median_ms
+
+SEED = 1234
+
+
+def quartiles(xs):
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return q[0], statistics.median(xs), q[2]
+
+
+def paired(fns, rounds, reps):
+    """{name: [ms per round]}: each round times every fn once, in an order rotating by round."""
+    names = list(fns)
+    out = {n: [] for n in names}
+    for r in range(rounds):
+        for i in range(len(names)):
+            n = names[(i + r) % len(names)]
+            out[n].append(median_ms(fns[n], warmup=1, reps=reps))
+    return out
+
+
+def report(label, times, extra=None):
+    names = list(times)
+    base = times[names[0]]
+    cols = []
+    for n in names:
+        ratio = [t / b for t, b in zip(times[n], base)]
+        lo, med, hi = quartiles(ratio)
+        cols.append(f"{n}={statistics.median(times[n]):.4f}ms" +
+                    ("" if n == names[0] else f" [{med:.3f} ({lo:.3f}-{hi:.3f})]") +
+                    (f" {extra[n]}" if extra and n in extra else ""))
+    print(f"{label:<26} " + "  ".join(cols), flush=True)
+
+
+def check_outputs(batch, runs):
+    """Runs each build once into a poisoned output: (largest relative L2 difference, all finite)."""
+    outs = {}
+    for n, fn in runs.items():
+        batch.out.fill_(float("nan"))
+        fn()
+        outs[n] = batch.out.clone()
+    names = list(outs)
+    diff = max(ba.rel_err(outs[n], outs[names[0]]) for n in names)
+    return diff, all(bool(torch.isfinite(o).all()) for o in outs.values())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("libs", help="NAME=path[,NAME=path...]; the first is the base of the ratios")
+    ap.add_argument("rows", nargs="?", default="dense,sparse")
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    libs = {name: ba.Lib(path) for name, path in (a.split("=") for a in args.libs.split(","))}
+    rows = args.rows.split(",")
+    torch.manual_seed(SEED)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(SEED)
+    print(f"paired rounds={args.rounds}; [median (quartiles)] of time / {next(iter(libs))}'s "
+          "time in the same round", flush=True)
+    dense32 = {}
+    if "dense" in rows:
+        for L, reps, rounds in ((8192, 9, args.rounds), (32768, 5, args.rounds),
+                                (131072, 3, max(3, args.rounds // 3))):
+            b = ba.Batch([L], [L])
+            ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
+            diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()})
+            fns = {n: o.dense for n, o in ours.items()}
+            fns["cudnn"] = ba.sdpa(b, SDPBackend.CUDNN_ATTENTION)
+            t = paired(fns, rounds, reps)
+            if L == 32768:
+                dense32 = {n: statistics.median(t[n]) for n in libs}
+            cudnn = statistics.median(t["cudnn"])
+            extra = {n: f"{cudnn / statistics.median(t[n]):.3f}x cudnn" for n in libs}
+            report(f"dense L={L}", t, extra)
+            print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
+            del b, ours
+            torch.cuda.empty_cache()
+    if "sparse" in rows:
+        L = 32768
+        b = ba.Batch([L], [L])
+        ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
+        if not dense32:
+            dense32 = {n: statistics.median(v)
+                       for n, v in paired({n: o.dense for n, o in ours.items()}, 3, 5).items()}
+        for rho in (0.5, 0.2, 0.1, 0.05):
+            mask = ba.random_block_mask(L, rho, gen)
+            for corr in (0, 1):
+                density = None
+                for n, o in ours.items():
+                    cfg = o.lib.config(alpha=0.1, correction=corr)
+                    s = o.sizes(cfg)
+                    cu, idx, density = ba.csr_from_block_mask(mask, L, s.max_q_tiles)
+                    km, vm = ba.block_means(b, cfg.block_size, s.max_blocks)
+                    o.prepare_sparse(cfg, cu, idx, km, vm)
+                diff, finite = check_outputs(b, {n: o.sparse for n, o in ours.items()})
+                t = paired({n: o.sparse for n, o in ours.items()}, args.rounds, 15)
+                extra = {n: f"(/rho dense {statistics.median(t[n]) / (density * dense32[n]):.3f})"
+                         for n in libs}
+                report(f"sparse rho={rho} corr={corr}", t, extra)
+                print(f"{'':<26} density={density:.4f} maxdiff={diff:.1e} finite={finite}",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
