@@ -126,6 +126,16 @@ class Ours:
         self.ws_sparse = self._alloc(self.lib.size(self.lib.lib.fp_sparse_attention_workspace_size,
                                                    ctypes.byref(self.b.problem), ctypes.byref(config)))
 
+    def use_block_mask(self, mask, correction):
+        """Sparse mode on a 128x128 block mask of the batch's single request (csr_from_block_mask)
+        with its block means, at alpha 0.1; returns the mask's density over the causal tiles."""
+        cfg = self.lib.config(alpha=0.1, correction=correction)
+        s = self.sizes(cfg)
+        cu, idx, density = csr_from_block_mask(mask, self.b.len_kv[0], s.max_q_tiles)
+        km, vm = block_means(self.b, cfg.block_size, s.max_blocks)
+        self.prepare_sparse(cfg, cu, idx, km, vm)
+        return density
+
     def sparse(self):
         self.lib.check(self.lib.lib.fp_sparse_attention(
             ctypes.byref(self.b.problem), ctypes.byref(self.config), ctypes.byref(self.index),
@@ -322,11 +332,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         for rho in (0.5, 0.2, 0.1, 0.05):
             mask = random_block_mask(L, rho, gen)
             for corr in (0, 1):
-                cfg = lib.config(alpha=0.1, correction=corr)
-                s = ours.sizes(cfg)
-                cu, idx, density = csr_from_block_mask(mask, L, s.max_q_tiles)
-                km, vm = block_means(b, cfg.block_size, s.max_blocks)
-                ours.prepare_sparse(cfg, cu, idx, km, vm)
+                density = ours.use_block_mask(mask, corr)
                 b.out.fill_(float("nan"))
                 ours.sparse()
                 finite = bool(torch.isfinite(b.out).all())

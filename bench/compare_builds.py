@@ -58,11 +58,7 @@ def sparse_rows(name, lib, gen):
     for rho in (0.5, 0.2, 0.1, 0.05):
         mask = ba.random_block_mask(L, rho, gen)
         for corr in (0, 1):
-            cfg = lib.config(alpha=0.1, correction=corr)
-            s = ours.sizes(cfg)
-            cu, idx, density = ba.csr_from_block_mask(mask, L, s.max_q_tiles)
-            km, vm = ba.block_means(b, cfg.block_size, s.max_blocks)
-            ours.prepare_sparse(cfg, cu, idx, km, vm)
+            density = ours.use_block_mask(mask, corr)
             finite, t = poisoned_then_timed(b, ours.sparse)
             print(f"sparse rho={rho} correction={corr} density={density:.4f} {name}={t:.4f}ms"
                   f" ratio={t / (density * t_dense):.3f} finite={finite}", flush=True)

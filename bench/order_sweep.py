@@ -92,12 +92,7 @@ def main():
         b = ba.Batch([L], [L])
         ours = ba.Ours(lib, b)
         for rho in (0.2, 0.1, 0.05):
-            cfg = lib.config(alpha=0.1, correction=0)
-            s = ours.sizes(cfg)
-            cu, idx, density = ba.csr_from_block_mask(ba.random_block_mask(L, rho, gen), L,
-                                                      s.max_q_tiles)
-            km, vm = ba.block_means(b, cfg.block_size, s.max_blocks)
-            ours.prepare_sparse(cfg, cu, idx, km, vm)
+            density = ours.use_block_mask(ba.random_block_mask(L, rho, gen), 0)
             sweep(f"random rho={rho} density={density:.4f}", ours.sparse, specs)
         del b, ours
         torch.cuda.empty_cache()
