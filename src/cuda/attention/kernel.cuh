@@ -34,10 +34,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Storage& ss = *reinterpret_cast<Storage*>(smem);
 
   if (threadIdx.x == 0) {
-    barrier(ss.q_loaded).init(Traits::kProducerThreads);
+    barrier(ss.q_loaded).init(1);  // thread 0 (arrive_after_copies)
     barrier(ss.q_consumed).init(Traits::kConsumerWarps);
     for (int s = 0; s < kStages; ++s) {
-      barrier(ss.kv_loaded[s]).init(Traits::kProducerThreads);
+      barrier(ss.kv_loaded[s]).init(1);
       barrier(ss.kv_consumed[s]).init(Traits::kConsumerWarps);
     }
     for (int s = 0; s < 2; ++s) {

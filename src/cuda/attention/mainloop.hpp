@@ -63,6 +63,20 @@ __device__ __forceinline__ void wgmma(Mma& mma, A& a, const B& b, C& c) {
   if constexpr (kARegs) warpgroup_fence_operand(a);
 }
 
+// The producer warpgroup's named barrier (1; window_bias uses it too).
+__device__ __forceinline__ void producer_sync() {
+  asm volatile("bar.sync 1, %0;\n" ::"n"(kWindowBlocks) : "memory");
+}
+
+// The stage and Q barriers expect one arrival, thread 0's. When producer threads copy with
+// cp.async, each registers an arrival that fires when its copies land (the incrementing form, so
+// the expected count stays one); once every thread has registered, thread 0 arrives.
+__device__ __forceinline__ void arrive_after_copies(uint64_t& bar) {
+  cutlass::arch::cpasync_barrier_arrive(&bar);
+  producer_sync();
+  if (threadIdx.x == 0) arrive_ordered(bar);
+}
+
 // Bias of column c of a mean window (block j = first_block + c): ln |B_J| in raw-score units
 // (the softmax applies the scale) for a block fully visible to the tile and listed by no CSR
 // entry of the segment (Eq. 6), else -inf. The producer warpgroup first writes every column as if
@@ -74,7 +88,7 @@ __device__ inline void window_bias(const AttentionParams& p, const Traversal& tr
   constexpr int kThreads = kWindowBlocks;
   const int32_t j = first_block + thread;
   bias[thread] = j < trav.visible_blocks ? log2f(float(blocks.count(j))) / p.scale_log2 : -INFINITY;
-  asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // producer warpgroup only
+  producer_sync();
   for (int64_t e = trav.csr_end - trav.num_exact + thread; e < trav.csr_end; e += kThreads) {
     const int32_t t = p.idx[e];
     if (t < 0) continue;
@@ -108,8 +122,8 @@ struct Mainloop {
         make_tensor(make_smem_ptr(ss.vt.data()), typename Traits::SmemLayoutVt{}));
   }
 
-  // Stages are published on kv_loaded[stage] by kProducerThreads arrivals plus the bytes of the
-  // stage's TMA boxes; cp.async rows arrive through cp.async.mbarrier.arrive.noinc when they land,
+  // Stages are published on kv_loaded[stage] by thread 0's arrival plus the bytes of the
+  // stage's TMA boxes; cp.async rows arrive through cp.async.mbarrier.arrive when they land,
   // so the producer never waits on a copy and runs ahead by up to kStages stages, across items.
   // With each stage goes its StageInfo (what it holds, whether it is the item's last), so the
   // consumers never read the index themselves. An item without stages still sends one empty
@@ -148,57 +162,60 @@ struct Mainloop {
       StageInfo info{stage.tile0, stage.tile1, stage.first_block, stage.kind,
                      following.kind == StageKind::kEnd, false};
       if (stage.kind == StageKind::kExactTiles) {
-        // Full tiles of contiguous KV come by TMA (one thread issues them and expects their
-        // bytes); the rest by cp.async, each thread arriving when its own copies land. Either
-        // way the barrier sees kProducerThreads arrivals. A stage with one tile leaves its upper
-        // half as it was: the consumers mask those columns of S and skip them in P V.
+        // Full tiles of contiguous KV come by TMA (thread 0 issues them and expects their bytes);
+        // the rest by cp.async. A stage with one tile leaves its upper half as it was: the
+        // consumers mask those columns of S and skip them in P V.
         const bool has1 = stage.tile1 >= 0;
         const bool tma0 = loader.tma_tile(stage.tile0), tma1 = has1 && loader.tma_tile(stage.tile1);
         const bool copy0 = !tma0, copy1 = has1 && !tma1;
         const uint32_t tma_bytes = (int(tma0) + int(tma1)) * Traits::kTileTmaBytes;
         info.generic_writes = copy0 || copy1;
-        if (thread == 0) {
-          ss.stage_info[cur.index] = info;
-          if (tma_bytes != 0) {
-            TxBarrier::expect_transaction(bar, tma_bytes);
+        if (!info.generic_writes) {
+          // The common case: thread 0's one arrival, with the bytes to expect, is all it takes.
+          if (thread == 0) {
+            ss.stage_info[cur.index] = info;
+            TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
             if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
             if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
           }
-        }
-        if (!info.generic_writes) {
-          arrive_ordered(*bar);
         } else {
-          // Thread 0's StageInfo store is ordered before its copies' deferred arrival.
-          if (thread == 0) __threadfence_block();
+          if (thread == 0) {
+            ss.stage_info[cur.index] = info;
+            if (tma_bytes != 0) {
+              TxBarrier::expect_transaction(bar, tma_bytes);
+              if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
+              if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+            }
+          }
           if (copy0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
           if (copy1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
-          cutlass::arch::cpasync_barrier_arrive_noinc(bar);
+          arrive_after_copies(*bar);
         }
       } else if (stage.kind == StageKind::kMeanWindow) {
         // Mean window: thread 0 fetches the surrogate keys by TMA while the warpgroup writes the
-        // column biases; each thread's arrival publishes its own bias writes.
+        // column biases; thread 0 arrives once every thread's bias writes are done.
         if (thread == 0) {
           ss.stage_info[cur.index] = info;
           TxBarrier::expect_transaction(bar, 2 * Traits::kTileTmaBytes);
           loader.tma_mean_window(sK, sVt, stage.first_block, cur.index, bar);
         }
         window_bias(p, trav, blocks, stage.first_block, ss.column_bias[cur.index], thread);
-        arrive_ordered(*bar);
-      } else {
-        if (thread == 0) ss.stage_info[cur.index] = info;  // the item has no stage at all
+        producer_sync();
+        if (thread == 0) arrive_ordered(*bar);
+      } else if (thread == 0) {
+        ss.stage_info[cur.index] = info;  // the item has no stage at all
         arrive_ordered(*bar);
       }
       if (first) {
         barrier(ss.q_consumed).wait(q_phase ^ 1u);
         if (p.q_tma) {
           if (thread == 0) {
-            TxBarrier::expect_transaction(&ss.q_loaded, Traits::kQTmaBytes);
+            TxBarrier::arrive_and_expect_tx(&ss.q_loaded, Traits::kQTmaBytes);
             loader.tma_q(sQ, &ss.q_loaded);
           }
-          arrive_ordered(ss.q_loaded);
         } else {
           loader.load_q(sQ);
-          cutlass::arch::cpasync_barrier_arrive_noinc(&ss.q_loaded);
+          arrive_after_copies(ss.q_loaded);
         }
         q_issued = true;
         first = false;
