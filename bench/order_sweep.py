@@ -10,9 +10,10 @@ Rows (best of three CUDA-event medians per spec, specs interleaved so drift hits
           library, sparse attention with and without mean correction
   random  L = 32K, random 128x128 block masks at rho 20 / 10 / 5 %, no correction
   dense   L = 8K and 32K, dense mode, with cuDNN (SDPA) timed in the same process
+  batch   B = 4 requests of 32K, dense mode, with cuDNN timed in the same process
 
 Usage: python3 bench/order_sweep.py [--lib build/libflashprefill.so] [--specs d,L0,S2,S4,S8]
-                                    [--rows struct,random,dense]
+                                    [--rows struct,random,dense,batch]
 """
 
 import argparse
@@ -105,6 +106,22 @@ def main():
             sweep(f"dense L={L}", ours.dense, specs, ref)
             del b, ours
             torch.cuda.empty_cache()
+
+    if "batch" in rows:
+        L = 32768
+        b = ba.Batch([L] * 4, [L] * 4)
+        ours = ba.Ours(lib, b)
+        q = b.q.view(4, -1, ba.HQ, ba.D).transpose(1, 2)
+        k = b.k.view(4, -1, ba.HKV, ba.D).transpose(1, 2).repeat_interleave(ba.G, 1)
+        v = b.v.view(4, -1, ba.HKV, ba.D).transpose(1, 2).repeat_interleave(ba.G, 1)
+
+        def cudnn4():
+            with torch.nn.attention.sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        ref = min(median_ms(cudnn4) for _ in range(2))
+        sweep(f"batch B=4 L={L}", ours.dense, specs, ref)
+        del b, ours, q, k, v
+        torch.cuda.empty_cache()
     return 0
 
 
