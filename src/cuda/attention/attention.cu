@@ -153,6 +153,20 @@ fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p,
   return encode_map(map, base, 3, dims, strides, box, what);
 }
 
+// K or V [total_k, Hkv, D] as the 4-D tensor (64, total_k, D / 64, Hkv) in 64 x 128 x D/64 x 1
+// boxes: dimensions ordered as a stage operand lies in shared memory (each 64-column half of the
+// head dimension holds the stage's 128 keys), so one box fills it from two adjacent tiles.
+fp_status encode_kv_pair_map(CUtensorMap* map, const void* base, const fp_problem& p,
+                             int64_t stride_token, int64_t stride_head, const char* what) {
+  const int64_t head_stride = p.num_heads_kv > 1 ? stride_head : stride_token;
+  const cuuint64_t dims[4] = {64, cuuint64_t(p.total_k), cuuint64_t(p.head_dim / 64),
+                              cuuint64_t(p.num_heads_kv)};
+  const cuuint64_t strides[3] = {cuuint64_t(stride_token * kElementBytes), 64 * kElementBytes,
+                                 cuuint64_t(head_stride * kElementBytes)};
+  const cuuint32_t box[4] = {64, uint32_t(2 * kKvTile), uint32_t(p.head_dim / 64), 1};
+  return encode_map(map, base, 4, dims, strides, box, what);
+}
+
 // Converted means [batch * Hkv * max_blocks, D] as the 2-D tensor (D, rows) in 64 x 64 boxes.
 fp_status encode_mean_map(CUtensorMap* map, const void* base, const AttentionParams& a, int d,
                           const char* what) {
@@ -197,6 +211,9 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
       s != FP_OK)
     return s;
   a.tma = true;
+  a.tma_pair =
+      encode_kv_pair_map(&a.tma_k_pair, p.k, p, p.k_stride_token, p.k_stride_head, "K") == FP_OK &&
+      encode_kv_pair_map(&a.tma_v_pair, p.v, p, p.v_stride_token, p.v_stride_head, "V") == FP_OK;
   return FP_OK;
 }
 

@@ -172,11 +172,23 @@ struct Mainloop {
         info.generic_writes = copy0 || copy1;
         if (!info.generic_writes) {
           // The common case: thread 0's one arrival, with the bytes to expect, is all it takes.
+          // Two adjacent tiles (dense mode, a selected 128-token block) come in one box per
+          // operand, the lower tile first.
+          const int32_t lo = stage.tile0 < stage.tile1 ? stage.tile0 : stage.tile1;
+          const bool pair = p.tma_pair && has1 && stage.tile0 + stage.tile1 == 2 * lo + 1;
+          if (pair) {
+            info.tile0 = lo;
+            info.tile1 = lo + 1;
+          }
           if (thread == 0) {
             ss.stage_info[cur.index] = info;
             TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
-            if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
-            if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+            if (pair) {
+              loader.tma_kv_pair(sK, sVt, lo, cur.index, bar);
+            } else {
+              if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
+              if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+            }
           }
         } else {
           if (thread == 0) {

@@ -56,6 +56,18 @@ __device__ __forceinline__ void tma_prefetch_box_4d(const CUtensorMap* map, int3
       : "memory");
 }
 
+// One 64 x 128 x D/64 x 1 box of a pair tensor map (64, total_k, D / 64, Hkv): a whole stage
+// operand.
+__device__ __forceinline__ void tma_load_pair(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                              int32_t row, int32_t head) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %3, %5}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(0),
+      "r"(row), "r"(head)
+      : "memory");
+}
+
 // First token of item w's query tile in the Q tensor map (g divides the 128 rows).
 __device__ __forceinline__ int32_t q_tile_token(const AttentionParams& p, const WorkTile& w) {
   return int32_t(w.q_row0) + w.tile * (kTileRows / p.group);
@@ -194,6 +206,14 @@ struct TileLoader {
       tma_load_box(&sK(half * kKvTile, c, stage), &p.tma_k, bar, c, w.h, row);
       tma_load_box(&sVt(c, half * kKvTile, stage), &p.tma_v, bar, c, w.h, row);
     }
+  }
+
+  // KV tiles t and t + 1 by TMA into stage `stage`, one box per operand; issued by one thread.
+  template <class SmemK, class SmemVt>
+  __device__ void tma_kv_pair(SmemK& sK, SmemVt& sVt, int32_t t, int stage, uint64_t* bar) const {
+    const int32_t row = int32_t(w.k_addr.row0) + t * kKvTile;
+    tma_load_pair(&sK(0, 0, stage), &p.tma_k_pair, bar, row, w.h);
+    tma_load_pair(&sVt(0, 0, stage), &p.tma_v_pair, bar, row, w.h);
   }
 
   // Mean window: rows [0, 128) of stage `stage` get the converted means of blocks first_block

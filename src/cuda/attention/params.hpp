@@ -14,6 +14,10 @@ struct AttentionParams {
   // Paged KV goes through cp.async and KvAddress instead; tma is false then.
   CUtensorMap tma_k{}, tma_v{};
   bool tma = false;
+  // The same K and V as 4-D tensors (64, total_k, D / 64, Hkv) in 64 x 128 x D/64 x 1 boxes: one
+  // box fills a whole stage operand with two adjacent KV tiles (tma_pair when both encoded).
+  CUtensorMap tma_k_pair{}, tma_v_pair{};
+  bool tma_pair = false;
   // Mean correction: the surrogate keys rho(k_mean), rho(v_mean) converted into the workspace
   // (means.cu), as 2-D tensors (D, batch * Hkv * max_blocks) in 64 x 64 boxes.
   CUtensorMap tma_k_mean{}, tma_v_mean{};
