@@ -211,9 +211,13 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
       s != FP_OK)
     return s;
   a.tma = true;
+  // The pair maps only save TMA instructions: should a layout that the maps above accept be
+  // refused in this dimension order, the 64 x 64 boxes load every tile (same results) and the
+  // call reports no error.
   a.tma_pair =
       encode_kv_pair_map(&a.tma_k_pair, p.k, p, p.k_stride_token, p.k_stride_head, "K") == FP_OK &&
       encode_kv_pair_map(&a.tma_v_pair, p.v, p, p.v_stride_token, p.v_stride_head, "V") == FP_OK;
+  if (!a.tma_pair) clear_error();
   return FP_OK;
 }
 
