@@ -35,36 +35,26 @@ __device__ __forceinline__ void tma_load_box(void* smem, const CUtensorMap* map,
       : "memory");
 }
 
-// One 64 x g x 1 x (128 / g) box of the Q tensor map (D, g, Hkv, total_q) into shared memory.
-__device__ __forceinline__ void tma_load_box_4d(void* smem, const CUtensorMap* map, uint64_t* bar,
-                                                int32_t col, int32_t head, int32_t token) {
+// One box of a 4-D tensor map at coordinates (c0, c1, c2, c3) into shared memory; its bytes
+// complete on `bar`. The Q map (D, g, Hkv, total_q) takes 64 x g x 1 x (128 / g) boxes, the KV pair
+// maps (64, total_k, D / 64, Hkv) 64 x 128 x D/64 x 1 boxes: a whole stage operand.
+__device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                            int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(col),
-      "r"(0), "r"(head), "r"(token)
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(c0),
+      "r"(c1), "r"(c2), "r"(c3)
       : "memory");
 }
 
-// The same box into L2 only.
+// One 64 x g x 1 x (128 / g) box of the Q map into L2 only.
 __device__ __forceinline__ void tma_prefetch_box_4d(const CUtensorMap* map, int32_t col,
                                                     int32_t head, int32_t token) {
   asm volatile(
       "cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
           reinterpret_cast<uint64_t>(map)),
       "r"(col), "r"(0), "r"(head), "r"(token)
-      : "memory");
-}
-
-// One 64 x 128 x D/64 x 1 box of a pair tensor map (64, total_k, D / 64, Hkv): a whole stage
-// operand.
-__device__ __forceinline__ void tma_load_pair(void* smem, const CUtensorMap* map, uint64_t* bar,
-                                              int32_t row, int32_t head) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %3, %5}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(0),
-      "r"(row), "r"(head)
       : "memory");
 }
 
@@ -141,7 +131,7 @@ struct TileLoader {
   __device__ void tma_q(SmemQ& sQ, uint64_t* bar) const {
     CUTE_UNROLL
     for (int c = 0; c < kD; c += Traits::kBoxCols)
-      tma_load_box_4d(&sQ(0, c), &p.tma_q, bar, c, w.h, q_tile_token(p, w));
+      tma_load_4d(&sQ(0, c), &p.tma_q, bar, c, 0, w.h, q_tile_token(p, w));
   }
 
   // The same boxes into L2 only, issued by one thread when the item is decoded: its Q load, which
@@ -212,8 +202,8 @@ struct TileLoader {
   template <class SmemK, class SmemVt>
   __device__ void tma_kv_pair(SmemK& sK, SmemVt& sVt, int32_t t, int stage, uint64_t* bar) const {
     const int32_t row = int32_t(w.k_addr.row0) + t * kKvTile;
-    tma_load_pair(&sK(0, 0, stage), &p.tma_k_pair, bar, row, w.h);
-    tma_load_pair(&sVt(0, 0, stage), &p.tma_v_pair, bar, row, w.h);
+    tma_load_4d(&sK(0, 0, stage), &p.tma_k_pair, bar, 0, row, 0, w.h);
+    tma_load_4d(&sVt(0, 0, stage), &p.tma_v_pair, bar, 0, row, 0, w.h);
   }
 
   // Mean window: rows [0, 128) of stage `stage` get the converted means of blocks first_block
