@@ -172,8 +172,8 @@ struct Mainloop {
         info.generic_writes = copy0 || copy1;
         if (!info.generic_writes) {
           // The common case: thread 0's one arrival, with the bytes to expect, is all it takes.
-          // Two adjacent tiles (dense mode, a selected 128-token block) come in one box per
-          // operand, the lower tile first.
+          // Two adjacent tiles (every two-tile dense stage; in sparse mode, stages that pair
+          // the tiles of one selected block) come in one box per operand, the lower tile first.
           const int32_t lo = stage.tile0 < stage.tile1 ? stage.tile0 : stage.tile1;
           const bool pair = p.tma_pair && has1 && stage.tile0 + stage.tile1 == 2 * lo + 1;
           if (pair) {
