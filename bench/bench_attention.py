@@ -208,10 +208,11 @@ def random_block_mask(L, rho, gen):
     return m & torch.tril(torch.ones(n, n, dtype=torch.bool, device="cuda"))[None]
 
 
-def sdpa(batch, backend):
-    q = batch.q.view(1, -1, HQ, D).transpose(1, 2)
-    k = batch.k.view(1, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
-    v = batch.v.view(1, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
+def sdpa(batch, backend, requests=1):
+    """Causal SDPA on the batch's q/k/v as `requests` equal-length sequences, K/V expanded to Hq."""
+    q = batch.q.view(requests, -1, HQ, D).transpose(1, 2)
+    k = batch.k.view(requests, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
+    v = batch.v.view(requests, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
 
     def run():
         with sdpa_kernel(backend):
@@ -380,17 +381,10 @@ def run_group(group, args, lib, gen, report, dense_ms):
         b = Batch([32768] * 4, [32768] * 4)
         ours = Ours(lib, b)
         t = median_ms(ours.dense)
-        q = b.q.view(4, -1, HQ, D).transpose(1, 2)
-        k = b.k.view(4, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
-        v = b.v.view(4, -1, HKV, D).transpose(1, 2).repeat_interleave(G, 1)
-
-        def cudnn4():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        t_cudnn = median_ms(cudnn4)
+        t_cudnn = median_ms(sdpa(b, SDPBackend.CUDNN_ATTENTION, requests=4))
         report(dict(row="batch4", L=32768, ours_ms=t, ours_tflops=tflops(b, t), cudnn_ms=t_cudnn,
                     cudnn_tflops=tflops(b, t_cudnn)))
-        del b, ours, q, k, v
+        del b, ours
         torch.cuda.empty_cache()
         # Mixed batch with cached prefixes (chunked prefill of several requests).
         len_q, len_kv = [2048, 512, 8192, 1024], [32768, 16384, 8192, 65536]
