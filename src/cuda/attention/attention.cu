@@ -167,19 +167,22 @@ fp_status encode_kv_pair_map(CUtensorMap* map, const void* base, const fp_proble
   return encode_map(map, base, 4, dims, strides, box, what);
 }
 
-// Converted means [batch * Hkv * max_blocks, D] as the 2-D tensor (D, rows) in 64 x 64 boxes.
+// Converted means [batch * Hkv * max_blocks, D] as the 3-D tensor (64, rows, D / 64) in
+// 64 x 128 x D/64 boxes: one box fills a mean window's operand (128 blocks, each 64-column half
+// of the head dimension holding them as a stage holds its keys).
 fp_status encode_mean_map(CUtensorMap* map, const void* base, const AttentionParams& a, int d,
                           const char* what) {
-  const cuuint64_t dims[2] = {cuuint64_t(d),
-                              cuuint64_t(attention::converted_mean_rows(a.batch, a.heads_kv, a.max_blocks))};
-  const cuuint64_t strides[1] = {cuuint64_t(d * kElementBytes)};
-  const cuuint32_t box[2] = {64, 64};
-  return encode_map(map, base, 2, dims, strides, box, what);
+  const cuuint64_t dims[3] = {
+      64, cuuint64_t(attention::converted_mean_rows(a.batch, a.heads_kv, a.max_blocks)),
+      cuuint64_t(d / 64)};
+  const cuuint64_t strides[2] = {cuuint64_t(d * kElementBytes), 64 * kElementBytes};
+  const cuuint32_t box[3] = {64, uint32_t(2 * kKvTile), uint32_t(d / 64)};
+  return encode_map(map, base, 3, dims, strides, box, what);
 }
 
-// Q [total_q, Hq, D] as the 4-D tensor (D, g, Hkv, total_q): a query tile (128 / g tokens of
-// one KV head's g query heads, Eq. 12-13) is 64 x g x 1 x (128 / g) boxes, one per 64 columns,
-// whose rows land in packed-row order. Only when g divides the tile (a power of two up to 128)
+// Q [total_q, Hq, D] as the 5-D tensor (64, g, Hkv, total_q, D / 64): a query tile (128 / g
+// tokens of one KV head's g query heads, Eq. 12-13) is one 64 x g x 1 x (128 / g) x D/64 box,
+// whose rows land in packed-row order in each 64-column half of the head dimension. Only when g divides the tile (a power of two up to 128)
 // and the tile's token coordinate fits; otherwise the producer copies Q by cp.async.
 fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
   a.q_tma = false;
@@ -187,13 +190,14 @@ fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
       p.total_q > INT32_MAX - kTileRows)
     return FP_OK;
   const int64_t head = p.q_stride_head > 0 ? p.q_stride_head : p.q_stride_token;
-  const cuuint64_t dims[4] = {cuuint64_t(p.head_dim), cuuint64_t(group),
-                              cuuint64_t(p.num_heads_kv), cuuint64_t(p.total_q)};
-  const cuuint64_t strides[3] = {cuuint64_t(head * kElementBytes),
+  const cuuint64_t dims[5] = {64, cuuint64_t(group), cuuint64_t(p.num_heads_kv),
+                              cuuint64_t(p.total_q), cuuint64_t(p.head_dim / 64)};
+  const cuuint64_t strides[4] = {cuuint64_t(head * kElementBytes),
                                  cuuint64_t(head * group * kElementBytes),
-                                 cuuint64_t(p.q_stride_token * kElementBytes)};
-  const cuuint32_t box[4] = {64, uint32_t(group), 1, uint32_t(kTileRows / group)};
-  if (fp_status s = encode_map(&a.tma_q, p.q, 4, dims, strides, box, "Q"); s != FP_OK) return s;
+                                 cuuint64_t(p.q_stride_token * kElementBytes), 64 * kElementBytes};
+  const cuuint32_t box[5] = {64, uint32_t(group), 1, uint32_t(kTileRows / group),
+                             uint32_t(p.head_dim / 64)};
+  if (fp_status s = encode_map(&a.tma_q, p.q, 5, dims, strides, box, "Q"); s != FP_OK) return s;
   a.q_tma = true;
   return FP_OK;
 }

@@ -36,8 +36,8 @@ __device__ __forceinline__ void tma_load_box(void* smem, const CUtensorMap* map,
 }
 
 // One box of a 4-D tensor map at coordinates (c0, c1, c2, c3) into shared memory; its bytes
-// complete on `bar`. The Q map (D, g, Hkv, total_q) takes 64 x g x 1 x (128 / g) boxes, the KV pair
-// maps (64, total_k, D / 64, Hkv) 64 x 128 x D/64 x 1 boxes: a whole stage operand.
+// complete on `bar`. The KV pair maps (64, total_k, D / 64, Hkv) take 64 x 128 x D/64 x 1 boxes:
+// a whole stage operand.
 __device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, uint64_t* bar,
                                             int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
   asm volatile(
@@ -48,13 +48,23 @@ __device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, 
       : "memory");
 }
 
-// One 64 x g x 1 x (128 / g) box of the Q map into L2 only.
-__device__ __forceinline__ void tma_prefetch_box_4d(const CUtensorMap* map, int32_t col,
-                                                    int32_t head, int32_t token) {
+// One box of the 5-D Q map (64, g, Hkv, total_q, D / 64) at (0, 0, head, token, 0): a whole
+// query tile, into shared memory (its bytes complete on `bar`) or into L2 only.
+__device__ __forceinline__ void tma_load_q_tile(void* smem, const CUtensorMap* map, uint64_t* bar,
+                                                int32_t head, int32_t token) {
   asm volatile(
-      "cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(
+      "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %3, %4, %5, %3}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(0),
+      "r"(head), "r"(token)
+      : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_q_tile(const CUtensorMap* map, int32_t head,
+                                                    int32_t token) {
+  asm volatile(
+      "cp.async.bulk.prefetch.tensor.5d.L2.global.tile [%0, {%1, %1, %2, %3, %1}];\n" ::"l"(
           reinterpret_cast<uint64_t>(map)),
-      "r"(col), "r"(0), "r"(head), "r"(token)
+      "r"(0), "r"(head), "r"(token)
       : "memory");
 }
 
@@ -63,13 +73,14 @@ __device__ __forceinline__ int32_t q_tile_token(const AttentionParams& p, const 
   return int32_t(w.q_row0) + w.tile * (kTileRows / p.group);
 }
 
-// One 64 x 64 TMA box of a 2-D tensor map into shared memory; its bytes complete on `bar`.
-__device__ __forceinline__ void tma_load_box_2d(void* smem, const CUtensorMap* map, uint64_t* bar,
-                                                int32_t col, int32_t row) {
+// One 64 x 128 x D/64 box of a converted-means tensor map (64, rows, D / 64) into shared memory;
+// its bytes complete on `bar`.
+__device__ __forceinline__ void tma_load_mean_box(void* smem, const CUtensorMap* map,
+                                                  uint64_t* bar, int32_t row) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(col),
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %3}], [%2];\n" ::"r"(cute::cast_smem_ptr_to_uint(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(cute::cast_smem_ptr_to_uint(bar)), "r"(0),
       "r"(row)
       : "memory");
 }
@@ -129,18 +140,13 @@ struct TileLoader {
   // or zeros, finite either way, and their outputs are never stored.
   template <class SmemQ>
   __device__ void tma_q(SmemQ& sQ, uint64_t* bar) const {
-    CUTE_UNROLL
-    for (int c = 0; c < kD; c += Traits::kBoxCols)
-      tma_load_4d(&sQ(0, c), &p.tma_q, bar, c, 0, w.h, q_tile_token(p, w));
+    tma_load_q_tile(&sQ(0, 0), &p.tma_q, bar, w.h, q_tile_token(p, w));
   }
 
-  // The same boxes into L2 only, issued by one thread when the item is decoded: its Q load, which
+  // The same box into L2 only, issued by one thread when the item is decoded: its Q load, which
   // waits for the previous item's last S = Q K^T, then reads L2.
   __device__ void prefetch_q() const {
-    if (!p.q_tma) return;
-    CUTE_UNROLL
-    for (int c = 0; c < kD; c += Traits::kBoxCols)
-      tma_prefetch_box_4d(&p.tma_q, c, w.h, q_tile_token(p, w));
+    if (p.q_tma) tma_prefetch_q_tile(&p.tma_q, w.h, q_tile_token(p, w));
   }
 
   // KV tile t: keys [64 t, 64 t + 64) of the request into rows [64 half, 64 half + 64) of stage
@@ -207,21 +213,15 @@ struct TileLoader {
   }
 
   // Mean window: rows [0, 128) of stage `stage` get the converted means of blocks first_block
-  // ... first_block + 127 of this (request, KV head), by TMA; issued by one thread. Rows past the
-  // head's blocks read the next head's means or zeros (finite either way; their columns are
-  // masked by the bias).
+  // ... first_block + 127 of this (request, KV head), one TMA box per operand; issued by one
+  // thread. Rows past the head's blocks read the next head's means or zeros (finite either way;
+  // their columns are masked by the bias).
   template <class SmemK, class SmemVt>
   __device__ void tma_mean_window(SmemK& sK, SmemVt& sVt, int32_t first_block, int stage,
                                   uint64_t* bar) const {
     const int32_t row = (w.b * p.heads_kv + w.h) * p.max_blocks + first_block;
-    CUTE_UNROLL
-    for (int half = 0; half < Traits::kBlockN / kKvTile; ++half) {
-      CUTE_UNROLL
-      for (int c = 0; c < kD; c += Traits::kBoxCols) {
-        tma_load_box_2d(&sK(half * kKvTile, c, stage), &p.tma_k_mean, bar, c, row + half * kKvTile);
-        tma_load_box_2d(&sVt(c, half * kKvTile, stage), &p.tma_v_mean, bar, c, row + half * kKvTile);
-      }
-    }
+    tma_load_mean_box(&sK(0, 0, stage), &p.tma_k_mean, bar, row);
+    tma_load_mean_box(&sVt(0, 0, stage), &p.tma_v_mean, bar, row);
   }
 };
 

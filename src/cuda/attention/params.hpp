@@ -19,11 +19,12 @@ struct AttentionParams {
   CUtensorMap tma_k_pair{}, tma_v_pair{};
   bool tma_pair = false;
   // Mean correction: the surrogate keys rho(k_mean), rho(v_mean) converted into the workspace
-  // (means.cu), as 2-D tensors (D, batch * Hkv * max_blocks) in 64 x 64 boxes.
+  // (means.cu), as 3-D tensors (64, batch * Hkv * max_blocks, D / 64) in 64 x 128 x D/64 boxes.
   CUtensorMap tma_k_mean{}, tma_v_mean{};
 
-  // Q as a 4-D tensor (D, g, Hkv, total_q) in 64 x g x 1 x (128 / g) boxes, when g is a power
-  // of two (attention.cu); else q_tma is false and Q goes through cp.async.
+  // Q as a 5-D tensor (64, g, Hkv, total_q, D / 64) in 64 x g x 1 x (128 / g) x D/64 boxes (a
+  // whole query tile), when g is a power of two (attention.cu); else q_tma is false and Q goes
+  // through cp.async.
   CUtensorMap tma_q{};
   bool q_tma = false;
 

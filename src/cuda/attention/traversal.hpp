@@ -77,8 +77,8 @@ struct Traversal {
 
 enum class StageKind : int8_t { kExactTiles, kMeanWindow, kEnd };
 
-// One pipeline stage: two exact tiles (tile1 = -1 when the stage holds only one), or a mean
-// window of kWindowBlocks blocks starting at first_block.
+// One pipeline stage: two exact tiles (tile1 = -1 when the stage holds only one: a split's
+// first or last), or a mean window of kWindowBlocks blocks starting at first_block.
 struct Stage {
   StageKind kind = StageKind::kEnd;
   int32_t tile0 = -1, tile1 = -1;
@@ -119,8 +119,17 @@ struct StageSequence {
         const int32_t a = trav.exact_tile(p, i), b = trav.exact_tile(p, i + 1);
         if (a >= 0 && b >= 0) {
           s.tile0 = a;
-          s.tile1 = b;
           s.kind = StageKind::kExactTiles;
+          // An odd number of exact tiles whose first (highest) is the lower tile of an aligned
+          // pair, such as a diagonal block clipped at T_c: that tile goes alone, so that the
+          // stages after it hold aligned, adjacent pairs (one TMA box per operand) rather than
+          // pairs that straddle two blocks.
+          const int32_t exact_end = trav.last < trav.num_exact ? trav.last : trav.num_exact;
+          if (i == trav.first && (a & 1) == 0 && ((exact_end - trav.first) & 1) != 0) {
+            i += 1;
+            return s;
+          }
+          s.tile1 = b;
           i += 2;
           return s;
         }
