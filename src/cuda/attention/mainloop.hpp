@@ -391,10 +391,12 @@ struct Mainloop {
         prev = cur.index;
         prev_one_tile = one_tile(info);
       }
+      // The last P V takes no turn: there is no softmax left for it to overlap, and both
+      // warpgroups skip it, so the turns stay paired. (Measured 1.6-1.9 % faster in dense mode,
+      // where it is rare: ptxas then spills 4 bytes instead of 20. Skipping the first
+      // S = Q K^T's turn as well lost 1 % at low density.)
       OnlineSoftmax::rescale(o, factors);
-      turn_begin();
       issue_pv(prev, prev_one_tile);
-      turn_end();
       warpgroup_wait<0>();
       softmax.finalize(o, lse);
       if (staged) {
