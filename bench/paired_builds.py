@@ -16,6 +16,8 @@ Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128, causal, bf16):
   dense   ours at L = 8K, 32K, 128K, with cuDNN (SDPA) timed in the same rounds.
   sparse  L = 32K, random 128x128 block masks at rho 50/20/10/5 % (diagonal forced), with and
           without mean correction; also time / (density x the build's dense time at 32K).
+  sparse128k  L = 128K, random block masks at rho 5 % and 1.5 % (the demo's density at 128K),
+          with and without mean correction.
 
 Usage: python3 bench/paired_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse] [--rounds N]
 """
@@ -122,6 +124,20 @@ def main():
                 extra = {n: f"(/rho dense {statistics.median(t[n]) / (density * dense32[n]):.3f})"
                          for n in libs}
                 report(f"sparse rho={rho} corr={corr}", t, extra)
+                print(f"{'':<26} density={density:.4f} maxdiff={diff:.1e} finite={finite}",
+                      flush=True)
+    if "sparse128k" in rows:
+        L = 131072
+        b = ba.Batch([L], [L])
+        ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
+        for rho in (0.05, 0.015):
+            mask = ba.random_block_mask(L, rho, gen)
+            for corr in (0, 1):
+                for o in ours.values():
+                    density = o.use_block_mask(mask, corr)
+                diff, finite = check_outputs(b, {n: o.sparse for n, o in ours.items()})
+                t = paired({n: o.sparse for n, o in ours.items()}, args.rounds, 5)
+                report(f"sparse L=128K rho={rho} corr={corr}", t)
                 print(f"{'':<26} density={density:.4f} maxdiff={diff:.1e} finite={finite}",
                       flush=True)
     return 0
