@@ -76,6 +76,25 @@ def check_outputs(batch, runs):
     return diff, all(bool(torch.isfinite(o).all()) for o in outs.values())
 
 
+def sparse_rows(b, ours, gen, rhos, rounds, reps, label, dense=None):
+    """One row per (rho, correction): every build on the same random block mask; with `dense`
+    (each build's dense time at this length), also time / (density x dense)."""
+    L = b.len_q[0]
+    for rho in rhos:
+        mask = ba.random_block_mask(L, rho, gen)
+        for corr in (0, 1):
+            for o in ours.values():  # every build gets the same mask (and density)
+                density = o.use_block_mask(mask, corr)
+            diff, finite = check_outputs(b, {n: o.sparse for n, o in ours.items()})
+            t = paired({n: o.sparse for n, o in ours.items()}, rounds, reps)
+            extra = None
+            if dense:
+                extra = {n: f"(/rho dense {statistics.median(t[n]) / (density * dense[n]):.3f})"
+                         for n in ours}
+            report(f"{label} rho={rho} corr={corr}", t, extra)
+            print(f"{'':<26} density={density:.4f} maxdiff={diff:.1e} finite={finite}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("libs", help="NAME=path[,NAME=path...]; the first is the base of the ratios")
@@ -108,38 +127,18 @@ def main():
             del b, ours
             torch.cuda.empty_cache()
     if "sparse" in rows:
-        L = 32768
-        b = ba.Batch([L], [L])
+        b = ba.Batch([32768], [32768])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         if not dense32:
             dense32 = {n: statistics.median(v)
                        for n, v in paired({n: o.dense for n, o in ours.items()}, 3, 5).items()}
-        for rho in (0.5, 0.2, 0.1, 0.05):
-            mask = ba.random_block_mask(L, rho, gen)
-            for corr in (0, 1):
-                for o in ours.values():  # every build gets the same mask (and density)
-                    density = o.use_block_mask(mask, corr)
-                diff, finite = check_outputs(b, {n: o.sparse for n, o in ours.items()})
-                t = paired({n: o.sparse for n, o in ours.items()}, args.rounds, 15)
-                extra = {n: f"(/rho dense {statistics.median(t[n]) / (density * dense32[n]):.3f})"
-                         for n in libs}
-                report(f"sparse rho={rho} corr={corr}", t, extra)
-                print(f"{'':<26} density={density:.4f} maxdiff={diff:.1e} finite={finite}",
-                      flush=True)
+        sparse_rows(b, ours, gen, (0.5, 0.2, 0.1, 0.05), args.rounds, 15, "sparse", dense32)
+        del b, ours
+        torch.cuda.empty_cache()
     if "sparse128k" in rows:
-        L = 131072
-        b = ba.Batch([L], [L])
+        b = ba.Batch([131072], [131072])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
-        for rho in (0.05, 0.015):
-            mask = ba.random_block_mask(L, rho, gen)
-            for corr in (0, 1):
-                for o in ours.values():
-                    density = o.use_block_mask(mask, corr)
-                diff, finite = check_outputs(b, {n: o.sparse for n, o in ours.items()})
-                t = paired({n: o.sparse for n, o in ours.items()}, args.rounds, 5)
-                report(f"sparse L=128K rho={rho} corr={corr}", t)
-                print(f"{'':<26} density={density:.4f} maxdiff={diff:.1e} finite={finite}",
-                      flush=True)
+        sparse_rows(b, ours, gen, (0.05, 0.015), args.rounds, 5, "sparse L=128K")
     return 0
 
 

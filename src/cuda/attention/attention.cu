@@ -182,8 +182,9 @@ fp_status encode_mean_map(CUtensorMap* map, const void* base, const AttentionPar
 
 // Q [total_q, Hq, D] as the 5-D tensor (64, g, Hkv, total_q, D / 64): a query tile (128 / g
 // tokens of one KV head's g query heads, Eq. 12-13) is one 64 x g x 1 x (128 / g) x D/64 box,
-// whose rows land in packed-row order in each 64-column half of the head dimension. Only when g divides the tile (a power of two up to 128)
-// and the tile's token coordinate fits; otherwise the producer copies Q by cp.async.
+// whose rows land in packed-row order in each 64-column half of the head dimension. Only when g
+// divides the tile (a power of two up to 128) and the tile's token coordinate fits; otherwise
+// the producer copies Q by cp.async.
 fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
   a.q_tma = false;
   if (group < 1 || group > kTileRows || (group & (group - 1)) != 0 ||

@@ -77,8 +77,9 @@ struct Traversal {
 
 enum class StageKind : int8_t { kExactTiles, kMeanWindow, kEnd };
 
-// One pipeline stage: two exact tiles (tile1 = -1 when the stage holds only one: a split's
-// first or last), or a mean window of kWindowBlocks blocks starting at first_block.
+// One pipeline stage: two exact tiles (tile1 = -1 when the stage holds only one: the first of
+// an odd count that starts on an aligned pair's lower tile, else an odd count's last), or a mean
+// window of kWindowBlocks blocks starting at first_block.
 struct Stage {
   StageKind kind = StageKind::kEnd;
   int32_t tile0 = -1, tile1 = -1;
