@@ -12,14 +12,15 @@ Every row first runs each build once into a NaN-poisoned output and reports the 
 L2 difference between the builds' outputs and whether every output is finite; the timing runs
 on fresh random inputs drawn from a fixed seed, so every build sees the same q/k/v and masks.
 
-Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128, causal, bf16):
+Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128 or --head-dim 64, causal, bf16):
   dense   ours at L = 8K, 32K, 128K, with cuDNN (SDPA) timed in the same rounds.
   sparse  L = 32K, random 128x128 block masks at rho 50/20/10/5 % (diagonal forced), with and
           without mean correction; also time / (density x the build's dense time at 32K).
   sparse128k  L = 128K, random block masks at rho 5 % and 1.5 % (the demo's density at 128K),
           with and without mean correction.
 
-Usage: python3 bench/paired_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse] [--rounds N]
+Usage: python3 bench/paired_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse,sparse128k]
+       [--rounds N] [--head-dim 64]
 """
 
 import argparse
@@ -100,7 +101,9 @@ def main():
     ap.add_argument("libs", help="NAME=path[,NAME=path...]; the first is the base of the ratios")
     ap.add_argument("rows", nargs="?", default="dense,sparse")
     ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--head-dim", type=int, default=ba.D, choices=(64, 128))
     args = ap.parse_args()
+    ba.D = args.head_dim  # every batch, baseline and FLOP count below reads it
     libs = {name: ba.Lib(path) for name, path in (a.split("=") for a in args.libs.split(","))}
     rows = args.rows.split(",")
     torch.manual_seed(SEED)
