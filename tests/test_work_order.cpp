@@ -1,7 +1,7 @@
 // The CUDA attention kernel's work order (core/work_order.hpp), which its persistent scheduler
 // decodes on the device: every (request, KV head, query tile, split) is numbered exactly once, in
-// the documented order, whether the decoder searches from request 0 or from where a CTA's
-// previous (smaller) item left it.
+// the documented order, whether the decoder searches from request 0, from where a CTA's previous
+// (smaller) item left it, or keeps that request's tile range as the kernel does (RequestCursor).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,9 +15,11 @@
 
 namespace {
 
+using flashprefill::decode_in_request;
 using flashprefill::decode_work_item;
 using flashprefill::kTileRows;
 using flashprefill::request_tiles;
+using flashprefill::RequestCursor;
 using flashprefill::WorkCoord;
 
 struct Batch {
@@ -79,6 +81,21 @@ void expect_order(const Batch& batch, std::mt19937& rng) {
     ASSERT_TRUE(seen.insert({c.b, c.h, c.tile, c.split}).second) << "item " << item;
     const WorkCoord& w = want[size_t(item)];
     ASSERT_EQ(std::tie(c.b, c.h, c.tile, c.split), std::tie(w.b, w.h, w.tile, w.split));
+  }
+  // As the kernel's decoder does it: a RequestCursor per CTA (the last request's tile range kept,
+  // searched and reloaded only past it), then decode_in_request.
+  std::vector<RequestCursor> cursors(static_cast<size_t>(ctas));
+  for (int32_t item = 0; item < int32_t(want.size()); ++item) {
+    RequestCursor& cursor = cursors[size_t(rng() % unsigned(ctas))];
+    cursor.seek(prefix.data(), batch_size, item / (batch.heads_kv * batch.splits));
+    ASSERT_EQ(cursor.first, prefix[size_t(cursor.request)]);
+    ASSERT_EQ(cursor.next, prefix[size_t(cursor.request) + 1]);
+    const WorkCoord c =
+        decode_in_request(cursor.request, cursor.first, cursor.next - cursor.first,
+                          batch.heads_kv, batch.section, batch.lead, batch.splits, item);
+    const WorkCoord& w = want[size_t(item)];
+    ASSERT_EQ(std::tie(c.b, c.h, c.tile, c.split), std::tie(w.b, w.h, w.tile, w.split))
+        << "item " << item;
   }
 }
 

@@ -33,30 +33,30 @@ struct WorkCoord {
   int32_t b = 0, h = 0, tile = 0, split = 0;
 };
 
-// Item `item` (< tile_prefix[batch] * heads_kv * splits) to its coordinates; 1 <= section <=
-// heads_kv, lead >= 0. `request` is a request at or before the item's (0 always works); it is
-// advanced to the item's request, so a caller whose items only grow searches from where it left
-// off.
-FP_HD WorkCoord decode_work_item(const int32_t* tile_prefix, int32_t batch, int32_t heads_kv,
-                                 int32_t section, int32_t lead, int32_t splits, int32_t item,
-                                 int32_t& request) {
-  const int32_t per_tile = heads_kv * splits;
-  const int32_t linear = item / per_tile;
-  // The last request whose first tile is at or before `linear` (an empty request shares its
-  // prefix with its successor and is passed over).
+// The request of query tile `linear` (counted over the batch): the last request whose first tile
+// is at or before it (an empty request shares its prefix with its successor and is passed over).
+// The search starts at `request`, which must be at or before the answer.
+FP_HD int32_t find_request(const int32_t* tile_prefix, int32_t batch, int32_t linear,
+                           int32_t request) {
   int32_t lo = request, hi = batch - 1;
   while (lo < hi) {
     const int32_t mid = lo + (hi - lo + 1) / 2;
     if (tile_prefix[mid] <= linear) lo = mid;
     else hi = mid - 1;
   }
-  request = lo;
-  const int32_t first = tile_prefix[lo], tiles = tile_prefix[lo + 1] - first;
+  return lo;
+}
+
+// Item `item` of request b, whose tiles are first .. first + tiles - 1 over the batch
+// (tile_prefix[b] and tile_prefix[b + 1] - tile_prefix[b]), to its coordinates.
+FP_HD WorkCoord decode_in_request(int32_t b, int32_t first, int32_t tiles, int32_t heads_kv,
+                                  int32_t section, int32_t lead, int32_t splits, int32_t item) {
+  const int32_t per_tile = heads_kv * splits;
   // Offset inside the request (< tiles * per_tile, so 32-bit like `item`).
   int32_t local = item - first * per_tile;
   const int32_t leading = lead < tiles ? lead : tiles;
   WorkCoord c;
-  c.b = lo;
+  c.b = b;
   if (local < leading * per_tile) {  // lead phase: every head
     const int32_t rank = local / per_tile, rest = local - rank * per_tile;
     c.tile = tiles - 1 - rank;
@@ -76,6 +76,33 @@ FP_HD WorkCoord decode_work_item(const int32_t* tile_prefix, int32_t batch, int3
   c.h = s * section + rest / splits;
   c.split = rest - (rest / splits) * splits;
   return c;
+}
+
+// The request of a caller whose query tiles (`linear`) only grow, with that request's tile range
+// kept: a tile inside the range needs no tile_prefix load (the kernel's decoder, scheduler.hpp).
+struct RequestCursor {
+  int32_t request = 0;
+  int32_t first = 0, next = 0;  // tile_prefix[request], tile_prefix[request + 1]
+
+  FP_HD void seek(const int32_t* tile_prefix, int32_t batch, int32_t linear) {
+    if (linear < next) return;  // still inside the request (linear >= first: tiles only grow)
+    request = find_request(tile_prefix, batch, linear, request);
+    first = tile_prefix[request];
+    next = tile_prefix[request + 1];
+  }
+};
+
+// Item `item` (< tile_prefix[batch] * heads_kv * splits) to its coordinates; 1 <= section <=
+// heads_kv, lead >= 0. `request` is a request at or before the item's (0 always works); it is
+// advanced to the item's request, so a caller whose items only grow searches from where it left
+// off.
+FP_HD WorkCoord decode_work_item(const int32_t* tile_prefix, int32_t batch, int32_t heads_kv,
+                                 int32_t section, int32_t lead, int32_t splits, int32_t item,
+                                 int32_t& request) {
+  request = find_request(tile_prefix, batch, item / (heads_kv * splits), request);
+  const int32_t first = tile_prefix[request];
+  return decode_in_request(request, first, tile_prefix[request + 1] - first, heads_kv, section,
+                           lead, splits, item);
 }
 
 }  // namespace flashprefill

@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Storage& ss = *reinterpret_cast<Storage*>(smem);
 
   if (threadIdx.x == 0) {
+    ss.decoder = ItemDecoder{};
     barrier(ss.q_loaded).init(1);  // thread 0 (arrive_after_copies)
     barrier(ss.q_consumed).init(Traits::kConsumerWarps);
     for (int s = 0; s < kStages; ++s) {
@@ -56,7 +57,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
     const bool scheduler = threadIdx.x == 0;
-    ItemDecoder decoder;
+    ItemDecoder& decoder = ss.decoder;  // in shared memory: no producer registers
     // Thread 0 writes the decoded item `item` into the ring slot `at`.
     auto publish = [&](int32_t item, SlotCursor at) {
       wait_ordered(ss.work_empty[at.index], at.phase ^ 1u);

@@ -79,6 +79,7 @@ struct KernelTraits {
     float column_bias[kStages][kBlockN];  // mean windows: log2 |B_J| / scale_log2, or -inf
     StageInfo stage_info[kStages];        // what each stage holds (traversal.hpp)
     ScheduledWork work[2];                // the scheduler's ring of decoded items
+    ItemDecoder decoder;                  // thread 0's decoder state
     alignas(8) uint64_t q_loaded;
     uint64_t q_consumed;                  // the consumers' last S = Q K^T of an item is done
     uint64_t kv_loaded[kStages];

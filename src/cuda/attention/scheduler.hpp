@@ -34,9 +34,12 @@ struct ScheduledWork {
   int32_t valid = 0;  // 0: no items are left, the CTA stops
 };
 
-// Claimed items grow monotonically per CTA, so the request search starts at the last request.
+// Claimed items grow monotonically per CTA, so the request search starts at the last request,
+// and the last request's tile range is kept: most items need no tile_prefix load (one L2 round
+// trip less on the decoder's path). The decoder lives in shared memory (thread 0 only), so its
+// state takes no producer register across the stage loop.
 struct ItemDecoder {
-  int32_t request = 0;
+  RequestCursor cursor;
   int32_t total_items = -1;  // read on first use (written by prepare_schedule)
 
   __device__ void decode(const AttentionParams& p, int32_t item, ScheduledWork& out) {
@@ -45,11 +48,20 @@ struct ItemDecoder {
       out.valid = 0;
       return;
     }
+    cursor.seek(p.tile_prefix, p.batch, item / (p.heads_kv * p.num_splits));
     const WorkCoord c =
-        decode_work_item(p.tile_prefix, p.batch, p.heads_kv, p.head_section, p.lead_tiles,
-                         p.num_splits, item, request);
+        decode_in_request(cursor.request, cursor.first, cursor.next - cursor.first, p.heads_kv,
+                          p.head_section, p.lead_tiles, p.num_splits, item);
+    // The CSR offsets are loaded before make_work's loads and stores, so they and the lengths
+    // are in flight together: one L2 round trip instead of two on the decoder's path.
+    int64_t cu_begin = 0, cu_end = 0;
+    if (p.sparse) {
+      const int64_t s = segment_id(c.b, c.h, c.tile, p.heads_kv, p.max_q_tiles);
+      cu_begin = p.cu[s];
+      cu_end = p.cu[s + 1];
+    }
     out.w = make_work(p, c.b, c.h, c.tile, c.split);
-    out.trav = Traversal::make(p, out.w);
+    out.trav = Traversal::make(p, out.w, cu_begin, cu_end);
     out.valid = 1;
   }
 };

@@ -21,13 +21,15 @@ struct Traversal {
   int32_t visible_blocks = 0; // blocks with end_J - 1 <= pmin(I)
   int32_t first = 0, last = 0;  // this split's iterations [first, last)
 
-  __device__ static Traversal make(const AttentionParams& p, const WorkTile& w) {
+  // cu_begin and cu_end: p.cu at the item's segment and the next (ItemDecoder loads them early;
+  // unused in dense mode).
+  __device__ static Traversal make(const AttentionParams& p, const WorkTile& w, int64_t cu_begin,
+                                   int64_t cu_end) {
     Traversal t;
     t.causal_tiles = w.seq.causal_tiles(w.tile);
     if (p.sparse) {
-      const int64_t s = segment_id(w.b, w.h, w.tile, p.heads_kv, p.max_q_tiles);
-      const int64_t begin = clamp_csr(p, p.cu[s]);
-      t.csr_end = clamp_csr(p, p.cu[s + 1]);
+      const int64_t begin = clamp_csr(p, cu_begin);
+      t.csr_end = clamp_csr(p, cu_end);
       t.num_exact = t.csr_end > begin ? int32_t(t.csr_end - begin) : 0;
     } else {
       t.num_exact = t.causal_tiles;
@@ -42,8 +44,13 @@ struct Traversal {
       windows = int32_t(ceil_div(t.visible_blocks, kWindowBlocks));
     }
     const int64_t total = int64_t(t.num_exact) + windows;
-    t.first = int32_t(total * w.split / p.num_splits);  // Eq. 18
-    t.last = int32_t(total * (w.split + 1) / p.num_splits);
+    if (p.num_splits == 1) {  // no 64-bit division on the decoder's path
+      t.first = 0;
+      t.last = int32_t(total);
+    } else {
+      t.first = int32_t(total * w.split / p.num_splits);  // Eq. 18
+      t.last = int32_t(total * (w.split + 1) / p.num_splits);
+    }
     return t;
   }
 
