@@ -237,13 +237,12 @@ class Flex:
         def mask_mod(b, h, qi, ki):
             return mask[h // G, qi // 128, ki // 128] & (qi >= ki)
         self.mask_mod = mask_mod
-        self.create = create_block_mask
+        self.create = torch.compile(create_block_mask)  # builds the block mask on the GPU
         self.fn = torch.compile(flex_attention, dynamic=False)
 
     def bind(self, mask):
         self.mask.copy_(mask)
-        bm = self.create(self.mask_mod, 1, HQ, self.L, self.L, device="cuda", BLOCK_SIZE=128,
-                         _compile=True)
+        bm = self.create(self.mask_mod, 1, HQ, self.L, self.L, device="cuda", BLOCK_SIZE=128)
         return lambda: self.fn(self.q, self.k, self.v, block_mask=bm, enable_gqa=True)
 
 
