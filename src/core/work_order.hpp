@@ -99,9 +99,11 @@ struct RequestCursor {
 FP_HD WorkCoord decode_work_item(const int32_t* tile_prefix, int32_t batch, int32_t heads_kv,
                                  int32_t section, int32_t lead, int32_t splits, int32_t item,
                                  int32_t& request) {
-  request = find_request(tile_prefix, batch, item / (heads_kv * splits), request);
-  const int32_t first = tile_prefix[request];
-  return decode_in_request(request, first, tile_prefix[request + 1] - first, heads_kv, section,
+  RequestCursor cursor;
+  cursor.request = request;  // next = 0: the first seek searches and loads
+  cursor.seek(tile_prefix, batch, item / (heads_kv * splits));
+  request = cursor.request;
+  return decode_in_request(request, cursor.first, cursor.next - cursor.first, heads_kv, section,
                            lead, splits, item);
 }
 
