@@ -170,6 +170,10 @@ struct Mainloop {
         const bool copy0 = !tma0, copy1 = has1 && !tma1;
         const uint32_t tma_bytes = (int(tma0) + int(tma1)) * Traits::kTileTmaBytes;
         info.generic_writes = copy0 || copy1;
+        auto tma_tiles = [&] {  // thread 0: the stage's full tiles, 64 x 64 boxes each
+          if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
+          if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+        };
         if (!info.generic_writes) {
           // The common case: thread 0's one arrival, with the bytes to expect, is all it takes.
           // Two adjacent tiles (every two-tile dense stage; in sparse mode, stages that pair
@@ -183,20 +187,15 @@ struct Mainloop {
           if (thread == 0) {
             ss.stage_info[cur.index] = info;
             TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
-            if (pair) {
-              loader.tma_kv_pair(sK, sVt, lo, cur.index, bar);
-            } else {
-              if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
-              if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
-            }
+            if (pair) loader.tma_kv_pair(sK, sVt, lo, cur.index, bar);
+            else tma_tiles();
           }
         } else {
           if (thread == 0) {
             ss.stage_info[cur.index] = info;
             if (tma_bytes != 0) {
               TxBarrier::expect_transaction(bar, tma_bytes);
-              if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
-              if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+              tma_tiles();
             }
           }
           if (copy0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
