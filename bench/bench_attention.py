@@ -4,7 +4,10 @@ B = 1, Hq = 32, Hkv = 8, D = 128, causal, bf16 unless stated. Our kernel is call
 C ABI with plain ctypes (torch tensors' data_ptr() and the current stream). Baselines run in the
 same process on the same inputs: SDPA with the cuDNN backend (FA3-class) and the FLASH backend
 (FA2), K/V expanded to 32 heads outside the timed region, and FlexAttention (torch.compile) on the
-same block mask. Every time is the median of CUDA-event-timed runs after warm-up. TFLOP/s counts
+same block mask. Every time is common.median_ms: the median of CUDA-event-timed calls queued back to
+back, after at least 300 ms of the same calls so that the SM clock has settled under this
+workload (clock_mhz: the clock NVML reports during the timed calls). Sparse rows also give
+latency_ms: one call at a time on an idle GPU, the host's launch work included. TFLOP/s counts
 causal FLOPs, 4 * Hq * D * (causal query-key pairs).
 
 Rows:
@@ -31,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from common import median_ms, Problem, SelectConfig, Index, IndexSizes, Output
+import common
+from common import latency_ms, median_ms, Problem, SelectConfig, Index, IndexSizes, Output
 
 FP_CUDA, FP_BF16, FP_CONTIGUOUS = 1, 1, 0
 HQ, HKV, D = 32, 8, 128
@@ -361,12 +365,15 @@ def run_group(group, args, lib, gen, report, dense_ms):
             ours.dense()
             err = rel_err(b.out, ref)
             t_ours = median_ms(ours.dense)
+            clock = common.last_clock_mhz
             t_cudnn = median_ms(sdpa(b, SDPBackend.CUDNN_ATTENTION))
+            clock_cudnn = common.last_clock_mhz
             t_fa2 = median_ms(sdpa(b, SDPBackend.FLASH_ATTENTION))
             dense_ms[L] = t_ours
             report(dict(row="dense", L=L, ours_ms=t_ours, ours_tflops=tflops(b, t_ours),
                         cudnn_ms=t_cudnn, cudnn_tflops=tflops(b, t_cudnn), fa2_ms=t_fa2,
-                        fa2_tflops=tflops(b, t_fa2), ours_vs_cudnn=t_cudnn / t_ours, err_vs_cudnn=err))
+                        fa2_tflops=tflops(b, t_fa2), ours_vs_cudnn=t_cudnn / t_ours, err_vs_cudnn=err,
+                        clock_mhz=clock, cudnn_clock_mhz=clock_cudnn))
             del b, ours
             torch.cuda.empty_cache()
 
@@ -388,8 +395,11 @@ def run_group(group, args, lib, gen, report, dense_ms):
                 ours.sparse()
                 finite = bool(torch.isfinite(b.out).all())
                 t = median_ms(ours.sparse)
+                clock = common.last_clock_mhz
+                t_latency = latency_ms(ours.sparse)
                 row = dict(row="sparse", L=L, rho=rho, density=density, correction=corr, ours_ms=t,
-                           dense_ms=t_dense, ratio_to_rho_dense=t / (density * t_dense), finite=finite)
+                           dense_ms=t_dense, ratio_to_rho_dense=t / (density * t_dense), finite=finite,
+                           clock_mhz=clock, latency_ms=t_latency)
                 if corr == 0:
                     ref_out = b.out.clone()
                     try:

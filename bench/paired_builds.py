@@ -48,7 +48,7 @@ def paired(fns, rounds, reps):
     for r in range(rounds):
         for i in range(len(names)):
             n = names[(i + r) % len(names)]
-            out[n].append(median_ms(fns[n], warmup=1, reps=reps))
+            out[n].append(median_ms(fns[n], warmup=1, reps=reps, warmup_ms=300.0))
     return out
 
 

@@ -73,27 +73,41 @@ struct Device {
 #endif
     std::memcpy(dst, src, bytes);
   }
-  // Median milliseconds of `fn` (CUDA events after warm-up on the GPU; wall clock on the CPU).
+  // Median milliseconds of `fn`. On the GPU: in steady state, as bench/common.py's median_ms
+  // measures it. `fn` first runs back to back for at least a second, because the H200's SM clock
+  // follows its power limiter's running average (~1 s) and a call timed right after a lighter
+  // stretch runs faster than it keeps running; then each timed call sits between its own pair of
+  // events, queued without synchronizing, so the host's launch work overlaps the GPU's.
+  // On the CPU: wall clock per call.
   double time_ms(const std::function<void()>& fn, int repeats) {
 #ifdef FP_WITH_CUDA
     if (cuda) {
-      fn();
+      const auto warm0 = std::chrono::steady_clock::now();
+      for (int done = 1;; ++done) {
+        fn();
+        if (done % 4 != 0) continue;
+        cudaDeviceSynchronize();
+        if (std::chrono::steady_clock::now() - warm0 >= std::chrono::seconds(1)) break;
+      }
+      std::vector<cudaEvent_t> start(repeats), stop(repeats);
+      for (int i = 0; i < repeats; ++i) {
+        cudaEventCreate(&start[i]);
+        cudaEventCreate(&stop[i]);
+      }
+      for (int i = 0; i < repeats; ++i) {
+        cudaEventRecord(start[i]);
+        fn();
+        cudaEventRecord(stop[i]);
+      }
       cudaDeviceSynchronize();
-      cudaEvent_t start, stop;
-      cudaEventCreate(&start);
-      cudaEventCreate(&stop);
       std::vector<double> ms;
       for (int i = 0; i < repeats; ++i) {
-        cudaEventRecord(start);
-        fn();
-        cudaEventRecord(stop);
-        cudaEventSynchronize(stop);
         float t = 0;
-        cudaEventElapsedTime(&t, start, stop);
+        cudaEventElapsedTime(&t, start[i], stop[i]);
         ms.push_back(t);
+        cudaEventDestroy(start[i]);
+        cudaEventDestroy(stop[i]);
       }
-      cudaEventDestroy(start);
-      cudaEventDestroy(stop);
       std::sort(ms.begin(), ms.end());
       return ms[ms.size() / 2];
     }
