@@ -20,6 +20,9 @@ Rows:
   batch   B = 4 at 32K, dense vs cuDNN; a mixed batch with cached prefixes, dense, vs FlexAttention
           (one call, document mask) and SDPA's memory-efficient backend per request, both with
           bottom-right causal alignment (cuDNN and FLASH take none when L_q != L_kv).
+  chunk   chunked prefill: one short chunk against a long cached prefix (128 / 32K, 512 / 128K,
+          2048 / 64K), dense, with the heuristic's KV splits and with splitting forced off, vs the
+          same bottom-right baselines.
 
 Usage: python3 bench/bench_attention.py [--lib build/libflashprefill.so] [--json out.json]
 """
@@ -28,6 +31,7 @@ import argparse
 import ctypes
 import json
 import math
+import os
 import sys
 
 import torch
@@ -341,7 +345,7 @@ def main():
               flush=True)
 
     dense_ms = {}
-    groups = [g for g in ("dense", "sparse", "prefill", "batch") if g not in skip]
+    groups = [g for g in ("dense", "sparse", "prefill", "batch", "chunk") if g not in skip]
     for group in groups:
         try:
             run_group(group, args, lib, gen, report, dense_ms)
@@ -466,6 +470,42 @@ def run_group(group, args, lib, gen, report, dense_ms):
         except Exception as e:  # noqa: BLE001 - report, keep the row
             print("mixed-batch baselines unavailable:", str(e).splitlines()[0][:160])
         report(row)
+
+    if group == "chunk":
+        # Chunked prefill: one request's new chunk against its cached prefix. Its query tiles
+        # cannot fill the GPU, so the heuristic splits each tile's KV range (Eq. 18) and a combine
+        # kernel merges the partials; the row also times the call with splitting forced off
+        # (FLASHPREFILL_ATTENTION_SPLITS=1, read at each call) and compares the two outputs.
+        for lq, lkv in ((128, 32768), (512, 131072), (2048, 65536)):
+            b = Batch([lq], [lkv])
+            ours = Ours(lib, b)
+            b.out.fill_(float("nan"))
+            ours.dense()
+            ref = b.out.clone()
+            t = median_ms(ours.dense)
+            os.environ["FLASHPREFILL_ATTENTION_SPLITS"] = "1"
+            try:
+                unsplit = Ours(lib, b)
+                b.out.fill_(float("nan"))
+                unsplit.dense()
+                err_unsplit = rel_err(b.out, ref)
+                t_unsplit = median_ms(unsplit.dense)
+            finally:
+                del os.environ["FLASHPREFILL_ATTENTION_SPLITS"]
+            row = dict(row="chunk", len_q=lq, len_kv=lkv, ours_ms=t, ours_tflops=tflops(b, t),
+                       unsplit_ms=t_unsplit, split_speedup=t_unsplit / t, unsplit_relerr=err_unsplit)
+            try:
+                for name, (run, output) in lower_right_baselines(b).items():
+                    run()
+                    row[f"{name}_relerr"] = rel_err(ref, output())
+                    t_base = median_ms(run)
+                    row[f"{name}_ms"] = t_base
+                    row[f"ours_vs_{name}"] = t_base / t
+            except Exception as e:  # noqa: BLE001 - report, keep the row
+                print("chunk baselines unavailable:", str(e).splitlines()[0][:160])
+            report(row)
+            del b, ours, unsplit
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

@@ -15,20 +15,46 @@ inline constexpr int64_t kElementBytes = 2;  // bf16 / fp16 operands
 inline constexpr int kMaxSplits = 16;
 inline constexpr int kMinTilesPerSplit = 8;
 inline constexpr int64_t kMaxPartialBytes = int64_t(1) << 30;
+// The split model below: an item's own cost (its first and last stages' unoverlapped work, the
+// epilogue, the wait for the next item) in stages, and how much longer than the best modeled
+// makespan the fewest splits may be (every split also costs the combine kernel's pass).
+inline constexpr int64_t kItemFixedStages = 2;
+inline constexpr double kSplitTolerance = 1.03;
 
+// The modeled time of a problem with `work_tiles` query tiles of `stages` two-tile KV stages each,
+// split `splits` ways, on `num_sms` CTAs: the items run in waves of num_sms, each item its share
+// of the stages plus its own cost.
+inline int64_t split_makespan(int64_t work_tiles, int64_t stages, int64_t splits, int num_sms) {
+  return ceil_div(work_tiles * splits, std::max<int64_t>(num_sms, 1)) *
+         (ceil_div(stages, splits) + kItemFixedStages);
+}
+
+// A batch whose query tiles fill the GPU twice over is never split (its causal items differ in
+// length, and the heaviest-first dynamic order balances them). Below that, the items of a short
+// chunk against a long cached prefix all have about the same length, so they run in waves: the
+// fewest splits whose makespan is within kSplitTolerance of the best win, among those the caps
+// allow (kMinTilesPerSplit KV tiles of the longest request per split, kMaxSplits, and
+// kMaxPartialBytes of float partials). On the H200 this picks the fastest split count of a
+// sweep over 1-16 for every chunk shape measured (docs/PERF.md, "Chunked prefill").
 inline int32_t choose_splits(const ProblemInfo& info, int num_sms) {
   const fp_problem& p = *info.p;
   const int64_t work_tiles = int64_t(p.num_heads_kv) *
                              ceil_div(int64_t(info.group) * p.total_q, kTileRows);
   if (work_tiles >= 2 * int64_t(num_sms)) return 1;
   const int64_t kv_tiles = ceil_div(p.max_seqlen_k, kKvTile);
-  int64_t splits = ceil_div(2 * int64_t(num_sms), std::max<int64_t>(work_tiles, 1));
-  splits = std::min<int64_t>(splits, kv_tiles / kMinTilesPerSplit);
-  splits = std::min<int64_t>(splits, kMaxSplits);
+  int64_t cap = std::min<int64_t>(kv_tiles / kMinTilesPerSplit, kMaxSplits);
   const int64_t bytes_per_split =
       p.total_q * p.num_heads_q * (int64_t(p.head_dim) + 1) * int64_t(sizeof(float));
-  splits = std::min<int64_t>(splits, kMaxPartialBytes / std::max<int64_t>(bytes_per_split, 1));
-  return int32_t(std::max<int64_t>(splits, 1));
+  cap = std::min<int64_t>(cap, kMaxPartialBytes / std::max<int64_t>(bytes_per_split, 1));
+  cap = std::max<int64_t>(cap, 1);
+  const int64_t stages = ceil_div(kv_tiles, 2);
+  int64_t best = split_makespan(work_tiles, stages, 1, num_sms);
+  for (int64_t s = 2; s <= cap; ++s)
+    best = std::min(best, split_makespan(work_tiles, stages, s, num_sms));
+  for (int64_t s = 1; s < cap; ++s)
+    if (double(split_makespan(work_tiles, stages, s, num_sms)) <= kSplitTolerance * double(best))
+      return int32_t(s);
+  return int32_t(cap);
 }
 
 // KV heads per section of the work order (core/work_order.hpp): as many heads as have their K
