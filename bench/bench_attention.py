@@ -279,6 +279,20 @@ def lower_right_baselines(batch):
                           lambda: torch.cat([o[0].transpose(0, 1) for o in eff_out["o"]]))}
 
 
+def add_lower_right_baselines(row, batch, ours_out, ours_ms):
+    """Times lower_right_baselines(batch) into `row`: each baseline's time, our speedup over it
+    and our output's relative error against its output (a failure is reported, the row kept)."""
+    try:
+        for name, (run, output) in lower_right_baselines(batch).items():
+            run()
+            row[f"{name}_relerr"] = rel_err(ours_out, output())
+            t_base = median_ms(run)
+            row[f"{name}_ms"] = t_base
+            row[f"ours_vs_{name}"] = t_base / ours_ms
+    except Exception as e:  # noqa: BLE001 - report, keep the row
+        print("bottom-right baselines unavailable:", str(e).splitlines()[0][:160])
+
+
 class Flex:
     """FlexAttention on a 128x128 block mask; the mask lives in one buffer so that changing it
     does not recompile."""
@@ -460,15 +474,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         b.out.fill_(float("nan"))
         ours.dense()
         ref = b.out.clone()
-        try:
-            for name, (run, output) in lower_right_baselines(b).items():
-                run()
-                row[f"{name}_relerr"] = rel_err(ref, output())  # ours against the baseline
-                t_base = median_ms(run)
-                row[f"{name}_ms"] = t_base
-                row[f"ours_vs_{name}"] = t_base / t
-        except Exception as e:  # noqa: BLE001 - report, keep the row
-            print("mixed-batch baselines unavailable:", str(e).splitlines()[0][:160])
+        add_lower_right_baselines(row, b, ref, t)
         report(row)
 
     if group == "chunk":
@@ -494,15 +500,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
                 del os.environ["FLASHPREFILL_ATTENTION_SPLITS"]
             row = dict(row="chunk", len_q=lq, len_kv=lkv, ours_ms=t, ours_tflops=tflops(b, t),
                        unsplit_ms=t_unsplit, split_speedup=t_unsplit / t, unsplit_relerr=err_unsplit)
-            try:
-                for name, (run, output) in lower_right_baselines(b).items():
-                    run()
-                    row[f"{name}_relerr"] = rel_err(ref, output())
-                    t_base = median_ms(run)
-                    row[f"{name}_ms"] = t_base
-                    row[f"ours_vs_{name}"] = t_base / t
-            except Exception as e:  # noqa: BLE001 - report, keep the row
-                print("chunk baselines unavailable:", str(e).splitlines()[0][:160])
+            add_lower_right_baselines(row, b, ref, t)
             report(row)
             del b, ours, unsplit
             torch.cuda.empty_cache()
