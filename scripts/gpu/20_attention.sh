@@ -2,7 +2,8 @@
 # Attention operator on a GPU machine: builds libflashprefill and fp_gpu_attention_check if the
 # build folder lacks them, runs the check (CPU reference and float32 attention vs CUDA),
 # compute-sanitizer memcheck and racecheck on a small case, then the benchmark against torch
-# SDPA (cuDNN, FLASH) and FlexAttention, and prints the short tables last.
+# SDPA (cuDNN, FLASH) and FlexAttention, and prints the short tables last, ending with the goals
+# (bench/goals.py).
 # Usage: bash scripts/gpu/20_attention.sh [build-dir] [check|bench|all]; logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,4 +59,8 @@ echo "== attention check =="
 [ -f "$LOG_DIR/attention_sanitizer.log" ] && cat "$LOG_DIR/attention_sanitizer.log"
 echo "== attention bench =="
 [ -f "$LOG_DIR/attention_bench.log" ] && grep "^row=" "$LOG_DIR/attention_bench.log"
+if [ "$WHAT" != check ] && [ -f "$LOG_DIR/attention_bench.json" ]; then
+  echo "== attention goals (issue 4) =="
+  python3 bench/goals.py "$LOG_DIR/attention_bench.json"
+fi
 exit $status

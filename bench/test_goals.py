@@ -1,0 +1,63 @@
+"""bench/goals.py: which benchmark rows meet the attention operator's goals (no GPU needed)."""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
+from goals import format_table, goal_rows  # noqa: E402
+
+ROWS = [
+    {"row": "dense", "L": 8192, "ours_vs_cudnn": 1.055},
+    {"row": "dense", "L": 32768, "ours_vs_cudnn": 0.99},
+    {"row": "sparse", "L": 32768, "rho": 0.1, "correction": 0, "ratio_to_rho_dense": 1.15,
+     "speedup_vs_flex": 1.5},
+    {"row": "sparse", "L": 32768, "rho": 0.1, "correction": 1, "ratio_to_rho_dense": 1.30},
+    {"row": "sparse", "L": 32768, "rho": 0.05, "correction": 0, "ratio_to_rho_dense": float("nan"),
+     "flex": "failed: out of memory"},
+    {"row": "prefill", "L": 8192, "speedup_vs_fa2": 5.0},
+]
+
+
+def by_name(goals):
+    return {name: (value, met) for name, value, _, met in goals}
+
+
+def test_thresholds_are_inclusive_where_the_issue_says_so():
+    g = by_name(goal_rows(ROWS))
+    assert g["dense 8192: ours / cuDNN throughput"] == (1.055, True)
+    assert g["dense 32768: ours / cuDNN throughput"] == (0.99, False)
+    # time <= 1.15 x rho x dense: exactly 1.15 meets it
+    assert g["sparse 32768 rho 0.1 without correction: time / (density x dense)"] == (1.15, True)
+    assert g["sparse 32768 rho 0.1 with correction: time / (density x dense)"] == (1.30, False)
+    assert g["sparse 32768 rho 0.1: FlexAttention time / ours"] == (1.5, True)
+
+
+def test_missing_or_non_finite_values_are_not_measured_never_met():
+    g = by_name(goal_rows(ROWS))
+    assert g["sparse 32768 rho 0.05 without correction: time / (density x dense)"] == (None, None)
+    assert g["sparse 32768 rho 0.05: FlexAttention time / ours"] == (None, None)
+    # rows without a goal (prefill) add nothing
+    assert not any(name.startswith("prefill") for name in g)
+
+
+def test_table_counts_and_marks():
+    text = format_table(goal_rows(ROWS))
+    assert text.splitlines()[-1] == "3 of 7 goal rows met (2 not measured)"
+    assert text.count("MISSED") == 2
+    assert text.count("not measured") == 3  # two rows and the summary line
+
+
+def test_command_line(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps([r for r in ROWS if not any(
+        isinstance(v, float) and math.isnan(v) for v in r.values())]))
+    script = pathlib.Path(__file__).resolve().parent / "goals.py"
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True)
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[-1] == "3 of 5 goal rows met (0 not measured)"
+    bad = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
+    assert bad.returncode == 2
