@@ -5,8 +5,9 @@ config (block 128, alpha 0.1, sink 256, window 512, recent 1, mean correction on
 stage is called through the C ABI with plain ctypes (torch tensors' data_ptr() and the current
 stream) and timed two ways with CUDA events: eager calls and replays of a captured CUDA graph.
 The baselines, run in the same process on the same inputs: SDPA with the cuDNN backend and with
-the FLASH backend (K/V expanded to 32 heads). Every timing is the median of repeated runs after
-warm-up. Prints a table; writes JSON to --json.
+the FLASH backend (K/V expanded to 32 heads). Every timing is common.median_ms: the median of
+event-timed calls queued back to back after at least a second of the same calls (the GPU's
+steady state). Prints a table; writes JSON to --json.
 
 Usage: python3 bench/bench_index.py [--lib build/libflashprefill.so] [--lengths 8192,...]
 """

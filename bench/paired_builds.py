@@ -3,8 +3,8 @@ buffers, timed in interleaved rounds.
 
 Why: separate processes see different allocations and a GPU whose clocks drift with its power
 draw; on the H200 that spreads one build's sparse rows by 5-10 % from call to call, more than
-most kernel changes are worth. Here every round times each build once (a short CUDA-event
-median, the order rotating from round to round), so drift hits all builds alike, and each row
+most kernel changes are worth. Here every round times each build once (common.median_ms with
+a 0.3 s warm-up, the order rotating from round to round), so drift hits all builds alike, and each row
 reports the median over rounds of every build's time divided by the first build's time in the
 same round, with the spread of that ratio (its lower and upper quartiles).
 
