@@ -5,7 +5,7 @@ C ABI with plain ctypes (torch tensors' data_ptr() and the current stream). Base
 same process on the same inputs: SDPA with the cuDNN backend (FA3-class) and the FLASH backend
 (FA2), K/V expanded to 32 heads outside the timed region, and FlexAttention (torch.compile) on the
 same block mask. Every time is common.median_ms: the median of CUDA-event-timed calls queued back to
-back, after at least 300 ms of the same calls so that the SM clock has settled under this
+back, after at least a second of the same calls so that the SM clock has settled under this
 workload (clock_mhz: the clock NVML reports during the timed calls). Sparse rows also give
 latency_ms: one call at a time on an idle GPU, the host's launch work included. TFLOP/s counts
 causal FLOPs, 4 * Hq * D * (causal query-key pairs).
@@ -98,6 +98,12 @@ class Batch:
 
     def causal_pairs(self):
         return sum(lq * lk - lq * (lq - 1) // 2 for lq, lk in zip(self.len_q, self.len_kv))
+
+    def poisoned_run(self, fn):
+        """Runs fn once into a NaN-poisoned output and returns a copy of what it wrote."""
+        self.out.fill_(float("nan"))
+        fn()
+        return self.out.clone()
 
     def bind_stream(self):
         self.problem.stream = torch.cuda.current_stream().cuda_stream
@@ -379,9 +385,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
             b = Batch([L], [L])
             ours = Ours(lib, b)
             ref = sdpa(b, SDPBackend.CUDNN_ATTENTION)().transpose(1, 2).reshape(L, HQ, D)
-            b.out.fill_(float("nan"))
-            ours.dense()
-            err = rel_err(b.out, ref)
+            err = rel_err(b.poisoned_run(ours.dense), ref)
             t_ours = median_ms(ours.dense)
             clock = common.last_clock_mhz
             t_cudnn = median_ms(sdpa(b, SDPBackend.CUDNN_ATTENTION))
@@ -409,9 +413,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
             mask = random_block_mask(L, rho, gen)
             for corr in (0, 1):
                 density = ours.use_block_mask(mask, corr)
-                b.out.fill_(float("nan"))
-                ours.sparse()
-                finite = bool(torch.isfinite(b.out).all())
+                finite = bool(torch.isfinite(b.poisoned_run(ours.sparse)).all())
                 t = median_ms(ours.sparse)
                 clock = common.last_clock_mhz
                 t_latency = latency_ms(ours.sparse)
@@ -471,10 +473,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         t = median_ms(ours.dense)
         row = dict(row="mixed_dense", len_q=str(len_q), len_kv=str(len_kv), ours_ms=t,
                    ours_tflops=tflops(b, t))
-        b.out.fill_(float("nan"))
-        ours.dense()
-        ref = b.out.clone()
-        add_lower_right_baselines(row, b, ref, t)
+        add_lower_right_baselines(row, b, b.poisoned_run(ours.dense), t)
         report(row)
 
     if group == "chunk":
@@ -485,16 +484,12 @@ def run_group(group, args, lib, gen, report, dense_ms):
         for lq, lkv in ((128, 32768), (512, 131072), (2048, 65536)):
             b = Batch([lq], [lkv])
             ours = Ours(lib, b)
-            b.out.fill_(float("nan"))
-            ours.dense()
-            ref = b.out.clone()
+            ref = b.poisoned_run(ours.dense)
             t = median_ms(ours.dense)
             os.environ["FLASHPREFILL_ATTENTION_SPLITS"] = "1"
             try:
                 unsplit = Ours(lib, b)
-                b.out.fill_(float("nan"))
-                unsplit.dense()
-                err_unsplit = rel_err(b.out, ref)
+                err_unsplit = rel_err(b.poisoned_run(unsplit.dense), ref)
                 t_unsplit = median_ms(unsplit.dense)
             finally:
                 del os.environ["FLASHPREFILL_ATTENTION_SPLITS"]

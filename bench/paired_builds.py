@@ -4,9 +4,9 @@ buffers, timed in interleaved rounds.
 Why: separate processes see different allocations and a GPU whose clocks drift with its power
 draw; on the H200 that spreads one build's sparse rows by 5-10 % from call to call, more than
 most kernel changes are worth. Here every round times each build once (common.median_ms with
-a 0.3 s warm-up, the order rotating from round to round), so drift hits all builds alike, and each row
-reports the median over rounds of every build's time divided by the first build's time in the
-same round, with the spread of that ratio (its lower and upper quartiles).
+a 0.3 s warm-up, the order rotating from round to round), so drift hits all builds alike, and
+each row reports the median over rounds of every build's time divided by the first build's time
+in the same round, with the spread of that ratio (its lower and upper quartiles).
 
 Every row first runs each build once into a NaN-poisoned output and reports the largest relative
 L2 difference between the builds' outputs and whether every output is finite; the timing runs
@@ -69,9 +69,7 @@ def check_outputs(batch, runs):
     """Runs each build once into a poisoned output: (largest relative L2 difference, all finite)."""
     outs = {}
     for n, fn in runs.items():
-        batch.out.fill_(float("nan"))
-        fn()
-        outs[n] = batch.out.clone()
+        outs[n] = batch.poisoned_run(fn)
     names = list(outs)
     diff = max(ba.rel_err(outs[n], outs[names[0]]) for n in names)
     return diff, all(bool(torch.isfinite(o).all()) for o in outs.values())
