@@ -19,8 +19,12 @@ Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128 or --head-dim 64, ca
   sparse128k  L = 128K, random block masks at rho 5 % and 1.5 % (the demo's density at 128K),
           with and without mean correction.
 
+A build's single step (one timing, one checked run) that runs past --hang-s seconds (60) ends
+the run with the row, the build and a traceback (hang_guard.py): a hung kernel costs a minute
+of device time, not the call's whole limit.
+
 Usage: python3 bench/paired_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse,sparse128k]
-       [--rounds N] [--head-dim 64]
+       [--rounds N] [--head-dim 64] [--hang-s S]
 """
 
 import argparse
@@ -32,8 +36,11 @@ from torch.nn.attention import SDPBackend
 
 import bench_attention as ba
 from common import median_ms
+from hang_guard import guard
 
 SEED = 1234
+HANG_S = 60.0  # --hang-s: a build's single step (one timing, one checked run) that takes longer
+               # than this ends the process (a hung kernel), naming the build and the row
 
 
 def quartiles(xs):
@@ -41,14 +48,15 @@ def quartiles(xs):
     return q[0], statistics.median(xs), q[2]
 
 
-def paired(fns, rounds, reps):
+def paired(fns, rounds, reps, label=""):
     """{name: [ms per round]}: each round times every fn once, in an order rotating by round."""
     names = list(fns)
     out = {n: [] for n in names}
     for r in range(rounds):
         for i in range(len(names)):
             n = names[(i + r) % len(names)]
-            out[n].append(median_ms(fns[n], warmup=1, reps=reps, warmup_ms=300.0))
+            with guard(HANG_S, f"{label}: {n}, round {r}"):
+                out[n].append(median_ms(fns[n], warmup=1, reps=reps, warmup_ms=300.0))
     return out
 
 
@@ -65,11 +73,12 @@ def report(label, times, extra=None):
     print(f"{label:<26} " + "  ".join(cols), flush=True)
 
 
-def check_outputs(batch, runs):
+def check_outputs(batch, runs, label=""):
     """Runs each build once into a poisoned output: (largest relative L2 difference, all finite)."""
     outs = {}
     for n, fn in runs.items():
-        outs[n] = batch.poisoned_run(fn)
+        with guard(HANG_S, f"{label}: {n}, checked run"):
+            outs[n] = batch.poisoned_run(fn)
     names = list(outs)
     diff = max(ba.rel_err(outs[n], outs[names[0]]) for n in names)
     return diff, all(bool(torch.isfinite(o).all()) for o in outs.values())
@@ -84,23 +93,28 @@ def sparse_rows(b, ours, gen, rhos, rounds, reps, label, dense=None):
         for corr in (0, 1):
             for o in ours.values():  # every build gets the same mask (and density)
                 density = o.use_block_mask(mask, corr)
-            diff, finite = check_outputs(b, {n: o.sparse for n, o in ours.items()})
-            t = paired({n: o.sparse for n, o in ours.items()}, rounds, reps)
+            row = f"{label} rho={rho} corr={corr}"
+            diff, finite = check_outputs(b, {n: o.sparse for n, o in ours.items()}, row)
+            t = paired({n: o.sparse for n, o in ours.items()}, rounds, reps, row)
             extra = None
             if dense:
                 extra = {n: f"(/rho dense {statistics.median(t[n]) / (density * dense[n]):.3f})"
                          for n in ours}
-            report(f"{label} rho={rho} corr={corr}", t, extra)
+            report(row, t, extra)
             print(f"{'':<26} density={density:.4f} maxdiff={diff:.1e} finite={finite}", flush=True)
 
 
 def main():
+    global HANG_S
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("libs", help="NAME=path[,NAME=path...]; the first is the base of the ratios")
     ap.add_argument("rows", nargs="?", default="dense,sparse")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--head-dim", type=int, default=ba.D, choices=(64, 128))
+    ap.add_argument("--hang-s", type=float, default=HANG_S,
+                    help="seconds one step of one build may take before the run stops as hung")
     args = ap.parse_args()
+    HANG_S = args.hang_s
     ba.D = args.head_dim  # every batch, baseline and FLOP count below reads it
     libs = {name: ba.Lib(path) for name, path in (a.split("=") for a in args.libs.split(","))}
     rows = args.rows.split(",")
@@ -115,10 +129,10 @@ def main():
                                 (131072, 3, max(3, args.rounds // 3))):
             b = ba.Batch([L], [L])
             ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
-            diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()})
+            diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()}, f"dense L={L}")
             fns = {n: o.dense for n, o in ours.items()}
             fns["cudnn"] = ba.sdpa(b, SDPBackend.CUDNN_ATTENTION)
-            t = paired(fns, rounds, reps)
+            t = paired(fns, rounds, reps, f"dense L={L}")
             if L == 32768:
                 dense32 = {n: statistics.median(t[n]) for n in libs}
             cudnn = statistics.median(t["cudnn"])
@@ -131,8 +145,8 @@ def main():
         b = ba.Batch([32768], [32768])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         if not dense32:
-            dense32 = {n: statistics.median(v)
-                       for n, v in paired({n: o.dense for n, o in ours.items()}, 3, 5).items()}
+            dense32 = {n: statistics.median(v) for n, v in
+                       paired({n: o.dense for n, o in ours.items()}, 3, 5, "dense L=32768").items()}
         sparse_rows(b, ours, gen, (0.5, 0.2, 0.1, 0.05), args.rounds, 15, "sparse", dense32)
         del b, ours
         torch.cuda.empty_cache()
