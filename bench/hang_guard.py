@@ -22,7 +22,7 @@ def guard(seconds, what=""):
     timer = None
     if what:
         timer = threading.Timer(max(0.0, seconds - 0.2), lambda: print(
-            f"hang_guard: '{what}' still running after {seconds:g} s", file=sys.stderr,
+            f"hang_guard: '{what}' is reaching its {seconds:g} s limit", file=sys.stderr,
             flush=True))
         timer.daemon = True
         timer.start()
