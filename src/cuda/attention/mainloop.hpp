@@ -362,55 +362,72 @@ struct Mainloop {
       softmax.finalize(o, lse);
       store_tile<Element, Traits::kHeadDim>(p, w, o, o_coord, lse);
     } else {
-      turn_begin();
-      wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
-      turn_end();
-      warpgroup_wait<0>();
-      if (info.last) last_qk_landed();
-      to_logits(cur.index, info);
-      softmax.update(s, factors);
-      to_p();
       int prev = cur.index;
       bool prev_one_tile = one_tile(info);
-      while (!info.last) {
-        cur.advance();
-        info = wait_loaded(cur.index, cur.phase);
+      // The item body in three parts. Each lambda must be forced inline: ptxas otherwise
+      // compiles one as a call with a 1360-byte stack frame. Written this way, ptxas orders
+      // D = 64's stage loop a little differently (the same 694 instructions) and D = 64 runs
+      // 0.6-2.5 % faster than the same code in one block, for reasons not known (docs/PERF.md,
+      // thirteenth session); D = 128 is unchanged.
+      // The first stage: its S = Q K^T, mask and softmax have no P V to overlap.
+      auto first_stage = [&]() __attribute__((always_inline)) {
         turn_begin();
         wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
-        OnlineSoftmax::rescale(o, factors);  // while S_n runs; P_{n-1} V_{n-1} adds to it
-        issue_pv(prev, prev_one_tile);
         turn_end();
-        warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
+        warpgroup_wait<0>();
         if (info.last) last_qk_landed();
         to_logits(cur.index, info);
         softmax.update(s, factors);
-        warpgroup_wait<0>();
-        release(prev);
         to_p();
-        prev = cur.index;
-        prev_one_tile = one_tile(info);
-      }
+      };
+      // Stages 1 ... last (Eq. 14); on entry P_{n-1} is in registers and prev its buffer.
+      auto stage_loop = [&]() __attribute__((always_inline)) {
+        while (!info.last) {
+          cur.advance();
+          info = wait_loaded(cur.index, cur.phase);
+          turn_begin();
+          wgmma<true, false>(mma_qk, tSrQ, tSrK(_, _, _, cur.index), tSrS);
+          OnlineSoftmax::rescale(o, factors);  // while S_n runs; P_{n-1} V_{n-1} adds to it
+          issue_pv(prev, prev_one_tile);
+          turn_end();
+          warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
+          if (info.last) last_qk_landed();
+          to_logits(cur.index, info);
+          softmax.update(s, factors);
+          warpgroup_wait<0>();
+          release(prev);
+          to_p();
+          prev = cur.index;
+          prev_one_tile = one_tile(info);
+        }
+      };
       // The last P V takes no turn: there is no softmax left for it to overlap, and both
       // warpgroups skip it, so the turns stay paired. (Measured 1.6-1.9 % faster in dense mode,
       // where it is rare: ptxas then spills 4 bytes instead of 20. Skipping the first
       // S = Q K^T's turn as well lost 1 % at low density.)
-      OnlineSoftmax::rescale(o, factors);
-      issue_pv(prev, prev_one_tile);
-      warpgroup_wait<0>();
-      softmax.finalize(o, lse);
-      if (staged) {
-        asm volatile("bar.sync %0, %1;\n" ::"r"(staging_barrier + wg), "n"(Traits::kConsumerThreads)
-                     : "memory");
-        char* staging = reinterpret_cast<char*>(&sK(0, 0, prev)) +
-                        wg * (Traits::kBlockM / 2) * Traits::kHeadDim * int(sizeof(Element));
-        store_tile_staged<Element, Traits::kHeadDim>(p, w, o, o_coord, lse, staging);
-        cutlass::arch::fence_view_async_shared();  // before TMA refills the stage
-        release(prev);
-      } else {
-        release(prev);
-        store_tile<Element, Traits::kHeadDim>(p, w, o, o_coord, lse);
-      }
-      cur.advance();  // the next item starts on the following stage
+      auto finish = [&]() __attribute__((always_inline)) {
+        OnlineSoftmax::rescale(o, factors);
+        issue_pv(prev, prev_one_tile);
+        warpgroup_wait<0>();
+        softmax.finalize(o, lse);
+        if (staged) {
+          asm volatile("bar.sync %0, %1;\n" ::"r"(staging_barrier + wg),
+                       "n"(Traits::kConsumerThreads)
+                       : "memory");
+          char* staging = reinterpret_cast<char*>(&sK(0, 0, prev)) +
+                          wg * (Traits::kBlockM / 2) * Traits::kHeadDim * int(sizeof(Element));
+          store_tile_staged<Element, Traits::kHeadDim>(p, w, o, o_coord, lse, staging);
+          cutlass::arch::fence_view_async_shared();  // before TMA refills the stage
+          release(prev);
+        } else {
+          release(prev);
+          store_tile<Element, Traits::kHeadDim>(p, w, o, o_coord, lse);
+        }
+        cur.advance();  // the next item starts on the following stage
+      };
+      first_stage();
+      stage_loop();
+      finish();
     }
   }
 };
