@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Index stage on a GPU machine: builds libflashprefill and fp_gpu_index_check if the build folder
-# lacks them, runs the check (CPU reference vs CUDA, graph capture, incremental pooling, errors)
-# and the benchmark against torch SDPA, and prints the short tables last.
+# lacks them, runs the check (CPU reference vs CUDA, graph capture, incremental pooling, errors),
+# compute-sanitizer memcheck and racecheck on its small cases, and the benchmark against torch
+# SDPA, and prints the short tables last.
 # Usage: bash scripts/gpu/10_index.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
+# Every step runs under a time limit (seconds), so a hang cannot eat the whole lease.
+CHECK_LIMIT=${CHECK_LIMIT:-300}
+SANITIZER_LIMIT=${SANITIZER_LIMIT:-150}
+BENCH_LIMIT=${BENCH_LIMIT:-300}
+SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck}
 
 if [ ! -x "$BUILD_DIR/fp_gpu_index_check" ] || [ ! -f "$BUILD_DIR/libflashprefill.so" ]; then
   echo "10_index: building in $BUILD_DIR"
@@ -15,14 +21,25 @@ if [ ! -x "$BUILD_DIR/fp_gpu_index_check" ] || [ ! -f "$BUILD_DIR/libflashprefil
   cmake --build "$BUILD_DIR" -j "$(nproc)" --target flashprefill fp_gpu_index_check || exit 1
 fi
 
-"$BUILD_DIR/fp_gpu_index_check" 2>&1 | tee "$LOG_DIR/index_check.log"
-check=$?
-PYTHONUNBUFFERED=1 python3 bench/bench_index.py --lib "$BUILD_DIR/libflashprefill.so" \
-  --json "$LOG_DIR/index_bench.json" 2>&1 | tee "$LOG_DIR/index_bench.log"
-bench=$?
+timeout "$CHECK_LIMIT" "$BUILD_DIR/fp_gpu_index_check" 2>&1 | tee "$LOG_DIR/index_check.log"
+check=${PIPESTATUS[0]}
+: >"$LOG_DIR/index_sanitizer.log"
+for tool in $SANITIZER_TOOLS; do
+  timeout "$SANITIZER_LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+    "$BUILD_DIR/fp_gpu_index_check" small >"$LOG_DIR/index_$tool.log" 2>&1
+  rc=$?
+  echo "compute-sanitizer $tool: exit $rc ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+    "$LOG_DIR/index_$tool.log" | tail -n 1))" | tee -a "$LOG_DIR/index_sanitizer.log"
+  [ $rc -eq 0 ] || check=1
+done
+PYTHONUNBUFFERED=1 timeout "$BENCH_LIMIT" python3 bench/bench_index.py \
+  --lib "$BUILD_DIR/libflashprefill.so" --json "$LOG_DIR/index_bench.json" 2>&1 |
+  tee "$LOG_DIR/index_bench.log"
+bench=${PIPESTATUS[0]}
 
 echo "== index check =="
 grep -E "FAIL|PASS" "$LOG_DIR/index_check.log" | tail -n 30
+cat "$LOG_DIR/index_sanitizer.log"
 echo "== index bench =="
 tail -n 7 "$LOG_DIR/index_bench.log"
 [ $check -eq 0 ] && [ $bench -eq 0 ]
