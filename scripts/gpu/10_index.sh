@@ -23,6 +23,10 @@ fi
 
 timeout "$CHECK_LIMIT" "$BUILD_DIR/fp_gpu_index_check" 2>&1 | tee "$LOG_DIR/index_check.log"
 check=${PIPESTATUS[0]}
+if [ "$check" -eq 124 ]; then
+  echo "10_index: the check timed out (a hang?); skipping the sanitizer and the benchmark"
+  exit 1
+fi
 : >"$LOG_DIR/index_sanitizer.log"
 for tool in $SANITIZER_TOOLS; do
   timeout "$SANITIZER_LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 \
