@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Index stage on a GPU machine: builds libflashprefill and fp_gpu_index_check if the build folder
 # lacks them, runs the check (CPU reference vs CUDA, graph capture, incremental pooling, errors),
-# compute-sanitizer memcheck and racecheck on its small cases, and the benchmark against torch
-# SDPA, and prints the short tables last.
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on its small cases, and the
+# benchmark against torch SDPA, and prints the short tables last.
 # Usage: bash scripts/gpu/10_index.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,7 +12,7 @@ LOG_DIR=${OUT:-/tmp}
 CHECK_LIMIT=${CHECK_LIMIT:-300}
 SANITIZER_LIMIT=${SANITIZER_LIMIT:-150}
 BENCH_LIMIT=${BENCH_LIMIT:-300}
-SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck}
+SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}
 
 if [ ! -x "$BUILD_DIR/fp_gpu_index_check" ] || [ ! -f "$BUILD_DIR/libflashprefill.so" ]; then
   echo "10_index: building in $BUILD_DIR"

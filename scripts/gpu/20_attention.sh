@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Attention operator on a GPU machine: builds libflashprefill and fp_gpu_attention_check if the
 # build folder lacks them, runs the check (CPU reference and float32 attention vs CUDA),
-# compute-sanitizer memcheck and racecheck on a small case, then the benchmark against torch
-# SDPA (cuDNN, FLASH) and FlexAttention, and prints the short tables last, ending with the goals
-# (bench/goals.py).
+# compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on a small case, then the
+# benchmark against torch SDPA (cuDNN, FLASH) and FlexAttention, and prints the short tables
+# last, ending with the goals (bench/goals.py).
 # Usage: bash scripts/gpu/20_attention.sh [build-dir] [check|bench|all]; logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +15,7 @@ CHECK_LIMIT=${CHECK_LIMIT:-300}
 SANITIZER_LIMIT=${SANITIZER_LIMIT:-150}
 BENCH_LIMIT=${BENCH_LIMIT:-420}
 BENCH_ARGS=${BENCH_ARGS:-}
-SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck}
+SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}
 
 if [ ! -x "$BUILD_DIR/fp_gpu_attention_check" ] || [ ! -f "$BUILD_DIR/libflashprefill.so" ]; then
   echo "20_attention: building in $BUILD_DIR"

@@ -35,10 +35,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (threadIdx.x == 0) {
     ss.decoder = ItemDecoder{};
-    barrier(ss.q_loaded).init(1);  // thread 0 (arrive_after_copies)
+    ss.copied_phases = 0;
+    barrier(ss.q_loaded).init(1);  // thread 0, with the TMA bytes
+    barrier(ss.q_copied).init(Traits::kProducerThreads);  // arrive_when_copied
     barrier(ss.q_consumed).init(Traits::kConsumerWarps);
     for (int s = 0; s < kStages; ++s) {
       barrier(ss.kv_loaded[s]).init(1);
+      barrier(ss.kv_copied[s]).init(Traits::kProducerThreads);
       barrier(ss.kv_consumed[s]).init(Traits::kConsumerWarps);
     }
     for (int s = 0; s < 2; ++s) {

@@ -80,9 +80,12 @@ struct KernelTraits {
     StageInfo stage_info[kStages];        // what each stage holds (traversal.hpp)
     ScheduledWork work[2];                // the scheduler's ring of decoded items
     ItemDecoder decoder;                  // thread 0's decoder state
-    alignas(8) uint64_t q_loaded;
+    uint32_t copied_phases;               // thread 0: bit s, the next parity of kv_copied[s]
+    alignas(8) uint64_t q_loaded;         // thread 0's arrival and the Q box's bytes (TMA)
+    uint64_t q_copied;                    // every producer thread's cp.async copies of Q
     uint64_t q_consumed;                  // the consumers' last S = Q K^T of an item is done
-    uint64_t kv_loaded[kStages];
+    uint64_t kv_loaded[kStages];          // thread 0's arrival (stage info) and TMA bytes
+    uint64_t kv_copied[kStages];          // every producer thread's cp.async copies
     uint64_t kv_consumed[kStages];
     uint64_t work_full[2], work_empty[2];
   };

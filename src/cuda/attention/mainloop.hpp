@@ -68,13 +68,11 @@ __device__ __forceinline__ void producer_sync() {
   asm volatile("bar.sync 1, %0;\n" ::"n"(kWindowBlocks) : "memory");
 }
 
-// The stage and Q barriers expect one arrival, thread 0's. When producer threads copy with
-// cp.async, each registers an arrival that fires when its copies land (the incrementing form, so
-// the expected count stays one); once every thread has registered, thread 0 arrives.
-__device__ __forceinline__ void arrive_after_copies(uint64_t& bar) {
-  cutlass::arch::cpasync_barrier_arrive(&bar);
-  producer_sync();
-  if (threadIdx.x == 0) arrive_ordered(bar);
+// kv_copied[s] and q_copied expect one arrival from each producer thread, which fires once that
+// thread's cp.async copies so far have landed (`.noinc`: the arrival counts against the
+// barrier's expected count). Every producer thread arrives, whether it copied anything or not.
+__device__ __forceinline__ void arrive_when_copied(uint64_t& bar) {
+  cutlass::arch::cpasync_barrier_arrive_noinc(&bar);
 }
 
 // Bias of column c of a mean window (block j = first_block + c): ln |B_J| in raw-score units
@@ -123,8 +121,9 @@ struct Mainloop {
   }
 
   // Stages are published on kv_loaded[stage] by thread 0's arrival plus the bytes of the
-  // stage's TMA boxes; cp.async rows arrive through cp.async.mbarrier.arrive when they land,
-  // so the producer never waits on a copy and runs ahead by up to kStages stages, across items.
+  // stage's TMA boxes. A stage with cp.async rows also completes kv_copied[stage], on which every
+  // producer thread's cp.async.mbarrier.arrive fires once its copies land, so the producer never
+  // waits on a copy and runs ahead by up to kStages stages, across items.
   // With each stage goes its StageInfo (what it holds, whether it is the item's last), so the
   // consumers never read the index themselves. An item without stages still sends one empty
   // stage: the consumers learn from it that the item has ended.
@@ -191,16 +190,19 @@ struct Mainloop {
             else tma_tiles();
           }
         } else {
+          // Some of the stage comes by cp.async: thread 0 publishes the stage (and its TMA
+          // bytes) as above, and every producer thread arrives on kv_copied when its copies land.
           if (thread == 0) {
+            // kv_copied[s] advances only on such stages: thread 0 counts them per buffer.
+            info.copied_phase = (ss.copied_phases >> cur.index) & 1u;
+            ss.copied_phases ^= 1u << cur.index;
             ss.stage_info[cur.index] = info;
-            if (tma_bytes != 0) {
-              TxBarrier::expect_transaction(bar, tma_bytes);
-              tma_tiles();
-            }
+            TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
+            tma_tiles();
           }
           if (copy0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
           if (copy1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
-          arrive_after_copies(*bar);
+          arrive_when_copied(ss.kv_copied[cur.index]);
         }
       } else if (stage.kind == StageKind::kMeanWindow) {
         // Mean window: thread 0 fetches the surrogate keys by TMA while the warpgroup writes the
@@ -226,7 +228,7 @@ struct Mainloop {
           }
         } else {
           loader.load_q(sQ);
-          arrive_after_copies(ss.q_loaded);
+          arrive_when_copied(ss.q_copied);
         }
         q_issued = true;
         first = false;
@@ -293,7 +295,10 @@ struct Mainloop {
     auto wait_loaded = [&](int buffer, uint32_t phase) {
       wait_ordered(ss.kv_loaded[buffer], phase);
       const StageInfo info = ss.stage_info[buffer];
-      if (info.generic_writes) cutlass::arch::fence_view_async_shared();
+      if (info.generic_writes) {
+        wait_ordered(ss.kv_copied[buffer], info.copied_phase);
+        cutlass::arch::fence_view_async_shared();
+      }
       return info;
     };
     // One arrival per consumer warp once the warp's wgmmas no longer read the buffer.
@@ -352,7 +357,7 @@ struct Mainloop {
     OnlineSoftmax softmax(p.scale_log2);
     float factors[2];
     float lse[2];
-    wait_ordered(ss.q_loaded, q_phase);
+    wait_ordered(p.q_tma ? ss.q_loaded : ss.q_copied, q_phase);
     cutlass::arch::fence_view_async_shared();
     StageInfo info = wait_loaded(cur.index, cur.phase);
     if (info.kind == StageKind::kEnd) {  // an item without stages: zero rows, LSE -inf

@@ -95,13 +95,15 @@ struct Stage {
 
 // What the producer put into a pipeline stage, sent with it through shared memory: the stage's
 // kind and tiles (or mean window), whether it is its item's last, and whether any of it was
-// written by cp.async or stores (then the consumers fence before wgmma reads it). An item with no
+// written by cp.async or stores (then the consumers fence before wgmma reads it); for a stage
+// with cp.async rows, the parity of its buffer's kv_copied barrier to wait for. An item with no
 // stage sends one of kind kEnd.
 struct alignas(16) StageInfo {
   int32_t tile0 = -1, tile1 = -1, first_block = 0;
   StageKind kind = StageKind::kEnd;
   bool last = true;
   bool generic_writes = false;
+  uint8_t copied_phase = 0;
 };
 static_assert(sizeof(StageInfo) == 16, "one 16-byte shared-memory load");
 
