@@ -23,6 +23,10 @@ Rows:
   chunk   chunked prefill: one short chunk against a long cached prefix (128 / 32K, 512 / 128K,
           2048 / 64K), dense, with the heuristic's KV splits and with splitting forced off, vs the
           same bottom-right baselines.
+  paged   L = --paged-length, dense: the same K/V in a paged cache (page sizes 1, 16, 64, 100,
+          pages in shuffled order) against the contiguous layout in the same process, with the
+          two outputs' largest difference and relative L2 distance (not bit-identical: the
+          cp.async path keeps a stage's two tiles in traversal order, the TMA path lower first).
 
 Usage: python3 bench/bench_attention.py [--lib build/libflashprefill.so] [--json out.json]
 """
@@ -41,7 +45,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import common
 from common import latency_ms, median_ms, Problem, SelectConfig, Index, IndexSizes, Output
 
-FP_CUDA, FP_BF16, FP_CONTIGUOUS = 1, 1, 0
+FP_CUDA, FP_BF16, FP_CONTIGUOUS, FP_PAGED = 1, 1, 0, 1
 HQ, HKV, D = 32, 8, 128
 G = HQ // HKV
 DEMO_SEED = 20260823  # the demo's default seed (src/core/workload.hpp)
@@ -109,6 +113,36 @@ class Batch:
         self.problem.stream = torch.cuda.current_stream().cuda_stream
 
 
+class PagedView:
+    """A one-request Batch's K/V copied into a paged cache of page_size rows, its pages in shuffled
+    order (page_table), and the problem that reads it; q and the output are the batch's."""
+
+    def __init__(self, batch, page_size, gen):
+        assert len(batch.len_kv) == 1, "one request"
+        L = batch.len_kv[0]
+        n = math.ceil(L / page_size)
+        perm = torch.randperm(n, generator=gen, device="cuda")
+        self.page_table = perm.to(torch.int32).contiguous()
+        self.seqlens_k = torch.tensor([L], dtype=torch.int32, device="cuda")
+        pools = []
+        for src in (batch.k, batch.v):
+            pool = torch.zeros(n * page_size, HKV, D, device="cuda", dtype=src.dtype)
+            pool[:L] = src
+            pool = pool.view(n, page_size, HKV, D)
+            shuffled = torch.empty_like(pool)
+            shuffled[perm] = pool  # logical page j lives in physical page perm[j]
+            pools.append(shuffled)
+        self.k, self.v = pools
+        p = Problem.from_buffer_copy(batch.problem)
+        p.kv_layout, p.k, p.v = FP_PAGED, self.k.data_ptr(), self.v.data_ptr()
+        p.k_stride_page = p.v_stride_page = page_size * HKV * D
+        p.num_pages, p.page_size = n, page_size
+        p.page_table, p.max_pages_per_seq = self.page_table.data_ptr(), n
+        p.seqlens_k = self.seqlens_k.data_ptr()
+        p.total_k, p.cu_seqlens_k = 0, None
+        self.problem = p
+
+
 def tflops(batch, ms):
     return 4.0 * HQ * D * batch.causal_pairs() / (ms * 1e-3) / 1e12
 
@@ -128,6 +162,17 @@ class Ours:
         self.lib.check(self.lib.lib.fp_dense_attention(
             ctypes.byref(self.b.problem), ctypes.byref(self.b.output),
             ctypes.c_void_p(self.ws_dense.data_ptr()), ctypes.c_size_t(self.ws_dense.numel())))
+
+    def dense_paged(self, view):
+        """Dense mode on a PagedView of the batch, into the batch's output."""
+        ws = self._alloc(self.lib.size(self.lib.lib.fp_dense_attention_workspace_size,
+                                       ctypes.byref(view.problem)))
+
+        def run():
+            self.lib.check(self.lib.lib.fp_dense_attention(
+                ctypes.byref(view.problem), ctypes.byref(self.b.output),
+                ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel())))
+        return run
 
     def sizes(self, config):
         s = IndexSizes()
@@ -349,6 +394,7 @@ def main():
     ap.add_argument("--dense-lengths", default="8192,32768,131072")
     ap.add_argument("--sparse-length", type=int, default=32768)
     ap.add_argument("--prefill-lengths", default="8192,32768,131072")
+    ap.add_argument("--paged-length", type=int, default=32768)
     ap.add_argument("--skip", default="", help="comma list of row groups to skip")
     args = ap.parse_args()
     skip = set(args.skip.split(",")) if args.skip else set()
@@ -365,7 +411,7 @@ def main():
               flush=True)
 
     dense_ms = {}
-    groups = [g for g in ("dense", "sparse", "prefill", "batch", "chunk") if g not in skip]
+    groups = [g for g in ("dense", "sparse", "prefill", "batch", "chunk", "paged") if g not in skip]
     for group in groups:
         try:
             run_group(group, args, lib, gen, report, dense_ms)
@@ -380,6 +426,27 @@ def main():
 
 
 def run_group(group, args, lib, gen, report, dense_ms):
+    if group == "paged":
+        L = args.paged_length
+        b = Batch([L], [L])
+        ours = Ours(lib, b)
+        contiguous_out = b.poisoned_run(ours.dense)
+        t_contiguous = median_ms(ours.dense)
+        clock_contiguous = common.last_clock_mhz
+        for page_size in (1, 16, 64, 100):
+            view = PagedView(b, page_size, gen)
+            run = ours.dense_paged(view)
+            out = b.poisoned_run(run)
+            maxdiff = (out.float() - contiguous_out.float()).abs().max().item()
+            t = median_ms(run)
+            report(dict(row="paged", L=L, page_size=page_size, ours_ms=t, ours_tflops=tflops(b, t),
+                        contiguous_ms=t_contiguous, paged_vs_contiguous=t / t_contiguous,
+                        maxdiff_vs_contiguous=maxdiff, relerr_vs_contiguous=rel_err(out, contiguous_out),
+                        finite=bool(torch.isfinite(out).all()),
+                        clock_mhz=common.last_clock_mhz, contiguous_clock_mhz=clock_contiguous))
+            del view
+        del b, ours
+        torch.cuda.empty_cache()
     if group == "dense":
         for L in [int(x) for x in args.dense_lengths.split(",")]:
             b = Batch([L], [L])
