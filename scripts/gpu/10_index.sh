@@ -6,6 +6,8 @@
 # Usage: bash scripts/gpu/10_index.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/lib/sanitize.sh
+. scripts/lib/sanitize.sh
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
 # Every step runs under a time limit (seconds), so a hang cannot eat the whole lease.
@@ -27,15 +29,7 @@ if [ "$check" -eq 124 ]; then
   echo "10_index: the check timed out (a hang?); skipping the sanitizer and the benchmark"
   exit 1
 fi
-: >"$LOG_DIR/index_sanitizer.log"
-for tool in $SANITIZER_TOOLS; do
-  timeout "$SANITIZER_LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-    "$BUILD_DIR/fp_gpu_index_check" small >"$LOG_DIR/index_$tool.log" 2>&1
-  rc=$?
-  echo "compute-sanitizer $tool: exit $rc ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
-    "$LOG_DIR/index_$tool.log" | tail -n 1))" | tee -a "$LOG_DIR/index_sanitizer.log"
-  [ $rc -eq 0 ] || check=1
-done
+run_sanitizers index "$BUILD_DIR/fp_gpu_index_check" small || check=1
 PYTHONUNBUFFERED=1 timeout "$BENCH_LIMIT" python3 bench/bench_index.py \
   --lib "$BUILD_DIR/libflashprefill.so" --json "$LOG_DIR/index_bench.json" 2>&1 |
   tee "$LOG_DIR/index_bench.log"

@@ -7,6 +7,8 @@
 # Usage: bash scripts/gpu/20_attention.sh [build-dir] [check|bench|all]; logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/lib/sanitize.sh
+. scripts/lib/sanitize.sh
 BUILD_DIR=${1:-build}
 WHAT=${2:-all}
 LOG_DIR=${OUT:-/tmp}
@@ -36,15 +38,7 @@ if [ "$WHAT" != bench ]; then
     echo "20_attention: the check timed out (a hang?); skipping the sanitizer and the benchmark"
     exit 1
   fi
-  : >"$LOG_DIR/attention_sanitizer.log"
-  for tool in $SANITIZER_TOOLS; do
-    timeout "$SANITIZER_LIMIT" compute-sanitizer --tool "$tool" --error-exitcode 3 "$BUILD_DIR/fp_gpu_attention_check" 1 small \
-      >"$LOG_DIR/attention_$tool.log" 2>&1
-    rc=$?
-    echo "compute-sanitizer $tool: exit $rc ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
-      "$LOG_DIR/attention_$tool.log" | tail -n 1))" | tee -a "$LOG_DIR/attention_sanitizer.log"
-    [ $rc -eq 0 ] || status=1
-  done
+  run_sanitizers attention "$BUILD_DIR/fp_gpu_attention_check" 1 small || status=1
 fi
 if [ "$WHAT" != check ]; then
   # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
