@@ -594,17 +594,17 @@ int main(int argc, char** argv) {
   const fp_dtype bf = FP_BFLOAT16, hf = FP_FLOAT16;
 
   check_geometry(geometry("L1", bf, 128, 4, 1, {1}, {1}), {1}, true);
-  check_geometry(geometry("L129", hf, 64, 6, 2, {129}, {129}), {64}, true);
+  check_geometry(geometry("L129", hf, 64, 6, 2, {129}, {129}), {64, 128}, true);
   if (!small_only) {
     check_geometry(geometry("L63", bf, 128, 8, 2, {63}, {63}), {16}, true);
     check_geometry(geometry("L4097 bs256", bf, 128, 8, 2, {4097}, {4097}, 256), {}, true);
     check_geometry(geometry("L4097", hf, 128, 4, 4, {4097}, {4097}), {}, true);
     check_geometry(geometry("mixed+prefix", bf, 128, 8, 2, {1, 100, 700, 0, 257},
                             {1000, 165, 700, 64, 2000}),
-                   {1, 16, 64, 100}, true);
+                   {1, 16, 64, 100, 128, 192}, true);
     check_geometry(geometry("mixed+prefix", hf, 64, 10, 2, {33, 0, 300}, {3000, 5, 301}),
                    {1, 100}, true);
-    check_geometry(geometry("chunked", bf, 128, 8, 2, {256, 300}, {8192, 5000}), {16}, true);
+    check_geometry(geometry("chunked", bf, 128, 8, 2, {256, 300}, {8192, 5000}), {16, 256}, true);
     Geometry big = geometry("L100003", bf, 64, 2, 1, {100003}, {100003});
     big.cpu_dense = false;
     check_geometry(big, {}, false);

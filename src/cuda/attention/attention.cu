@@ -140,26 +140,26 @@ fp_status encode_map(CUtensorMap* map, const void* base, cuuint32_t rank, const 
   return FP_OK;
 }
 
-// K or V [total_k, Hkv, D] as the 3-D tensor (D, Hkv, total_k) in 64 x 1 x 64 boxes.
-fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p,
+// K or V [rows, Hkv, D] as the 3-D tensor (D, Hkv, rows) in 64 x 1 x 64 boxes.
+fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p, int64_t rows,
                         int64_t stride_token, int64_t stride_head, const char* what) {
   // A single head's stride is never used (coordinate 0); give TMA a legal one.
   const int64_t head_stride = p.num_heads_kv > 1 ? stride_head : stride_token;
   const cuuint64_t dims[3] = {cuuint64_t(p.head_dim), cuuint64_t(p.num_heads_kv),
-                              cuuint64_t(p.total_k)};
+                              cuuint64_t(rows)};
   const cuuint64_t strides[2] = {cuuint64_t(head_stride * kElementBytes),
                                  cuuint64_t(stride_token * kElementBytes)};
   const cuuint32_t box[3] = {64, 1, uint32_t(kKvTile)};
   return encode_map(map, base, 3, dims, strides, box, what);
 }
 
-// K or V [total_k, Hkv, D] as the 4-D tensor (64, total_k, D / 64, Hkv) in 64 x 128 x D/64 x 1
+// K or V [rows, Hkv, D] as the 4-D tensor (64, rows, D / 64, Hkv) in 64 x 128 x D/64 x 1
 // boxes: dimensions ordered as a stage operand lies in shared memory (each 64-column half of the
 // head dimension holds the stage's 128 keys), so one box fills it from two adjacent tiles.
-fp_status encode_kv_pair_map(CUtensorMap* map, const void* base, const fp_problem& p,
+fp_status encode_kv_pair_map(CUtensorMap* map, const void* base, const fp_problem& p, int64_t rows,
                              int64_t stride_token, int64_t stride_head, const char* what) {
   const int64_t head_stride = p.num_heads_kv > 1 ? stride_head : stride_token;
-  const cuuint64_t dims[4] = {64, cuuint64_t(p.total_k), cuuint64_t(p.head_dim / 64),
+  const cuuint64_t dims[4] = {64, cuuint64_t(rows), cuuint64_t(p.head_dim / 64),
                               cuuint64_t(p.num_heads_kv)};
   const cuuint64_t strides[3] = {cuuint64_t(stride_token * kElementBytes), 64 * kElementBytes,
                                  cuuint64_t(head_stride * kElementBytes)};
@@ -203,25 +203,34 @@ fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
   return FP_OK;
 }
 
-// Contiguous KV is fetched by TMA; paged KV (and tensors too long for 32-bit TMA coordinates)
-// by cp.async through the page table.
+// Contiguous KV is fetched by TMA, and so is paged KV whose pages hold a multiple of 64 keys and
+// lie back to back (the pool is then one (D, Hkv, num_pages * page_size) tensor and every tile
+// lies inside one page). Other paged KV, and tensors too long for 32-bit TMA coordinates, go
+// through cp.async and the page table.
 fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   a.tma = false;
-  if (p.kv_layout == FP_KV_PAGED || p.total_k <= 0 || p.total_k > INT32_MAX - kKvTile)
+  a.tma_pair = false;
+  const bool paged = p.kv_layout == FP_KV_PAGED;
+  if (paged && (p.page_size % kKvTile != 0 || p.k_stride_page != p.page_size * p.k_stride_token ||
+                p.v_stride_page != p.page_size * p.v_stride_token))
     return FP_OK;
-  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, p.k_stride_token, p.k_stride_head, "K");
+  const int64_t rows = paged ? int64_t(p.num_pages) * p.page_size : p.total_k;
+  if (rows <= 0 || rows > INT32_MAX - kKvTile) return FP_OK;
+  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, rows, p.k_stride_token, p.k_stride_head, "K");
       s != FP_OK)
     return s;
-  if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, p.v_stride_token, p.v_stride_head, "V");
+  if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, rows, p.v_stride_token, p.v_stride_head, "V");
       s != FP_OK)
     return s;
   a.tma = true;
   // The pair maps only save TMA instructions: should a layout that the maps above accept be
   // refused in this dimension order, the 64 x 64 boxes load every tile (same results) and the
-  // call reports no error.
-  a.tma_pair =
-      encode_kv_pair_map(&a.tma_k_pair, p.k, p, p.k_stride_token, p.k_stride_head, "K") == FP_OK &&
-      encode_kv_pair_map(&a.tma_v_pair, p.v, p, p.v_stride_token, p.v_stride_head, "V") == FP_OK;
+  // call reports no error. Paged, a pair must lie in one page.
+  if (paged && p.page_size % (2 * kKvTile) != 0) return FP_OK;
+  a.tma_pair = encode_kv_pair_map(&a.tma_k_pair, p.k, p, rows, p.k_stride_token, p.k_stride_head,
+                                  "K") == FP_OK &&
+               encode_kv_pair_map(&a.tma_v_pair, p.v, p, rows, p.v_stride_token, p.v_stride_head,
+                                  "V") == FP_OK;
   if (!a.tma_pair) clear_error();
   return FP_OK;
 }

@@ -170,15 +170,20 @@ struct Mainloop {
         const uint32_t tma_bytes = (int(tma0) + int(tma1)) * Traits::kTileTmaBytes;
         info.generic_writes = copy0 || copy1;
         auto tma_tiles = [&] {  // thread 0: the stage's full tiles, 64 x 64 boxes each
-          if (tma0) loader.tma_kv_tile(sK, sVt, stage.tile0, 0, cur.index, bar);
-          if (tma1) loader.tma_kv_tile(sK, sVt, stage.tile1, 1, cur.index, bar);
+          // Both rows first: paged, each is a page-table load, and the two overlap.
+          const int32_t row0 = tma0 ? loader.tma_row(stage.tile0) : 0;
+          const int32_t row1 = tma1 ? loader.tma_row(stage.tile1) : 0;
+          if (tma0) loader.tma_kv_tile(sK, sVt, row0, 0, cur.index, bar);
+          if (tma1) loader.tma_kv_tile(sK, sVt, row1, 1, cur.index, bar);
         };
         if (!info.generic_writes) {
           // The common case: thread 0's one arrival, with the bytes to expect, is all it takes.
           // Two adjacent tiles (every two-tile dense stage; in sparse mode, stages that pair
           // the tiles of one selected block) come in one box per operand, the lower tile first.
           const int32_t lo = stage.tile0 < stage.tile1 ? stage.tile0 : stage.tile1;
-          const bool pair = p.tma_pair && has1 && stage.tile0 + stage.tile1 == 2 * lo + 1;
+          // Paged, a pair must start on an even tile to lie in one page (pages of 128 k keys).
+          const bool pair = p.tma_pair && has1 && stage.tile0 + stage.tile1 == 2 * lo + 1 &&
+                            (!p.paged || lo % 2 == 0);
           if (pair) {
             info.tile0 = lo;
             info.tile1 = lo + 1;
@@ -186,7 +191,7 @@ struct Mainloop {
           if (thread == 0) {
             ss.stage_info[cur.index] = info;
             TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
-            if (pair) loader.tma_kv_pair(sK, sVt, lo, cur.index, bar);
+            if (pair) loader.tma_kv_pair(sK, sVt, loader.tma_row(lo), cur.index, bar);
             else tma_tiles();
           }
         } else {

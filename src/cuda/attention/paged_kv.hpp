@@ -85,9 +85,10 @@ __device__ __forceinline__ void tma_load_mean_box(void* smem, const CUtensorMap*
       : "memory");
 }
 
-// Whether KV tile t is fetched by TMA: contiguous KV and every row of the tile inside the
-// request (a partial last tile goes through cp.async, whose zero-fill keeps rows past the
-// request, which may be another request's or unwritten memory, away from the tensor cores).
+// Whether KV tile t is fetched by TMA: KV that the TMA maps cover (contiguous, or paged with
+// whole tiles per page) and every row of the tile inside the request (a partial last tile goes
+// through cp.async, whose zero-fill keeps rows past the request, which may be another request's
+// or unwritten memory, away from the tensor cores).
 __device__ __forceinline__ bool tile_by_tma(const AttentionParams& p, int32_t len_kv, int32_t t) {
   return p.tma && t >= 0 && (t + 1) * kKvTile <= len_kv;
 }
@@ -166,24 +167,47 @@ struct TileLoader {
     const Element* k = static_cast<const Element*>(p.k) + int64_t(w.h) * p.k_stride_head + col;
     const Element* v = static_cast<const Element*>(p.v) + int64_t(w.h) * p.v_stride_head + col;
     const int32_t j0 = t * kKvTile + r0;
+    if (p.paged) {
+      // Eq. 22. A warp copies 16 rows of the tile (kRowsPerWarp rows per iteration); lane l
+      // (mod 16) looks up the page of the warp's l-th row once, all lanes at the same time, and
+      // each iteration takes its row's page and offset by shuffle: one page-table latency per
+      // tile, not one per iteration.
+      constexpr int kRowsPerWarp = 32 / kChunksPerRow;
+      static_assert(kRowsPerWarp * kIters == 16, "a warp copies 16 rows of a tile");
+      const int lane = thread % 32;
+      const int l = lane % 16;
+      const int32_t jl = t * kKvTile + (thread / 32) * kRowsPerWarp + l % kRowsPerWarp +
+                         (l / kRowsPerWarp) * kRowStep;
+      int32_t page = 0, in_page = 0;
+      if (t >= 0 && jl < w.seq.len_kv) {
+        const int32_t slot = jl / p.page_size;
+        page = w.k_addr.pages[slot];
+        in_page = jl - slot * p.page_size;
+      }
+      // Not unrolled: the producer runs on few registers (unrolled, it spilled 64-88 bytes).
+#pragma unroll 1
+      for (int i = 0; i < kIters; ++i) {
+        const int32_t j = j0 + i * kRowStep;
+        const bool valid = t >= 0 && j < w.seq.len_kv;
+        const int src = i * kRowsPerWarp + r0 % kRowsPerWarp;
+        const int64_t pg = __shfl_sync(0xffffffffu, page, src);
+        const int64_t in = __shfl_sync(0xffffffffu, in_page, src);
+        const int64_t k_off = valid ? pg * p.k_stride_page + in * p.k_stride_token : 0;
+        const int64_t v_off = valid ? pg * p.v_stride_page + in * p.v_stride_token : 0;
+        cp_async_16(k_dst + i * k_dst_step, k + k_off, valid);
+        cp_async_16(v_dst + i * v_dst_step, v + v_off, valid);
+      }
+      return;
+    }
     CUTE_UNROLL
     for (int i = 0; i < kIters; ++i) {
       const int32_t j = j0 + i * kRowStep;
       const bool valid = t >= 0 && j < w.seq.len_kv;
-      // Eq. 22, with one page lookup for both K and V.
       int64_t k_off = 0, v_off = 0;
       if (valid) {
-        if (p.paged) {
-          const int32_t slot = j / p.page_size;
-          const int64_t page = w.k_addr.pages[slot];
-          const int64_t in_page = j - slot * p.page_size;
-          k_off = page * p.k_stride_page + in_page * p.k_stride_token;
-          v_off = page * p.v_stride_page + in_page * p.v_stride_token;
-        } else {
-          const int64_t row = w.k_addr.row0 + j;
-          k_off = row * p.k_stride_token;
-          v_off = row * p.v_stride_token;
-        }
+        const int64_t row = w.k_addr.row0 + j;
+        k_off = row * p.k_stride_token;
+        v_off = row * p.v_stride_token;
       }
       cp_async_16(k_dst + i * k_dst_step, k + k_off, valid);
       cp_async_16(v_dst + i * v_dst_step, v + v_off, valid);
@@ -192,11 +216,20 @@ struct TileLoader {
 
   __device__ bool tma_tile(int32_t t) const { return tile_by_tma(p, w.seq.len_kv, t); }
 
-  // KV tile t by TMA into rows [64 half, 64 half + 64) of stage `stage`; issued by one thread.
+  // Row of the TMA maps where full KV tile t starts: the request's first row plus 64 t, or,
+  // paged (pages of a multiple of 64 keys), its page's first row plus its offset in the page.
+  __device__ int32_t tma_row(int32_t t) const {
+    const int32_t key = t * kKvTile;
+    if (!p.paged) return int32_t(w.k_addr.row0) + key;
+    const int32_t slot = key / p.page_size;
+    return w.k_addr.pages[slot] * p.page_size + (key - slot * p.page_size);
+  }
+
+  // KV tile t (from map row `row`, tma_row) by TMA into rows [64 half, 64 half + 64) of stage
+  // `stage`; issued by one thread.
   template <class SmemK, class SmemVt>
-  __device__ void tma_kv_tile(SmemK& sK, SmemVt& sVt, int32_t t, int half, int stage,
+  __device__ void tma_kv_tile(SmemK& sK, SmemVt& sVt, int32_t row, int half, int stage,
                               uint64_t* bar) const {
-    const int32_t row = int32_t(w.k_addr.row0) + t * kKvTile;
     CUTE_UNROLL
     for (int c = 0; c < kD; c += Traits::kBoxCols) {
       tma_load_box(&sK(half * kKvTile, c, stage), &p.tma_k, bar, c, w.h, row);
@@ -204,10 +237,10 @@ struct TileLoader {
     }
   }
 
-  // KV tiles t and t + 1 by TMA into stage `stage`, one box per operand; issued by one thread.
+  // KV tiles t and t + 1 (from map row `row`, tma_row(t); paged, both in one page) by TMA into
+  // stage `stage`, one box per operand; issued by one thread.
   template <class SmemK, class SmemVt>
-  __device__ void tma_kv_pair(SmemK& sK, SmemVt& sVt, int32_t t, int stage, uint64_t* bar) const {
-    const int32_t row = int32_t(w.k_addr.row0) + t * kKvTile;
+  __device__ void tma_kv_pair(SmemK& sK, SmemVt& sVt, int32_t row, int stage, uint64_t* bar) const {
     tma_load_4d(&sK(0, 0, stage), &p.tma_k_pair, bar, 0, row, 0, w.h);
     tma_load_4d(&sVt(0, 0, stage), &p.tma_v_pair, bar, 0, row, 0, w.h);
   }

@@ -9,13 +9,17 @@
 namespace flashprefill::cuda::attention {
 
 struct AttentionParams {
-  // Contiguous KV: TMA descriptors of K and V as 3-D tensors (D, Hkv, total_k) with 64 x 1 x 64
-  // boxes and the 128-byte swizzle of the shared-memory stages (encoded by attention.cu).
-  // Paged KV goes through cp.async and KvAddress instead; tma is false then.
+  // TMA descriptors of K and V as 3-D tensors (D, Hkv, rows) with 64 x 1 x 64 boxes and the
+  // 128-byte swizzle of the shared-memory stages (encoded by attention.cu). Contiguous KV: rows =
+  // total_k. Paged KV whose pages hold a multiple of 64 keys and lie back to back (page stride =
+  // page_size token strides): rows = num_pages * page_size, a tile's row found through the page
+  // table. Other paged KV goes through cp.async and KvAddress; tma is false then.
   CUtensorMap tma_k{}, tma_v{};
   bool tma = false;
-  // The same K and V as 4-D tensors (64, total_k, D / 64, Hkv) in 64 x 128 x D/64 x 1 boxes: one
-  // box fills a whole stage operand with two adjacent KV tiles (tma_pair when both encoded).
+  // The same K and V as 4-D tensors (64, rows, D / 64, Hkv) in 64 x 128 x D/64 x 1 boxes: one
+  // box fills a whole stage operand with two adjacent KV tiles (tma_pair when both encoded; for
+  // paged KV only when pages hold a multiple of 128 keys, and then only for pairs that start on
+  // an even tile, which lie in one page).
   CUtensorMap tma_k_pair{}, tma_v_pair{};
   bool tma_pair = false;
   // Mean correction: the surrogate keys rho(k_mean), rho(v_mean) converted into the workspace
