@@ -23,8 +23,8 @@ Rows:
   chunk   chunked prefill: one short chunk against a long cached prefix (128 / 32K, 512 / 128K,
           2048 / 64K), dense, with the heuristic's KV splits and with splitting forced off, vs the
           same bottom-right baselines.
-  paged   L = --paged-length, dense: the same K/V in a paged cache (page sizes 1, 16, 64, 100,
-          128, pages in shuffled order) against the contiguous layout in the same process, with the
+  paged   L = --paged-length, dense: the same K/V in a paged cache (page sizes 1, 8, 16, 32, 64,
+          100, 128, pages in shuffled order) against the contiguous layout in the same process, with the
           two outputs' largest difference and relative L2 distance (not bit-identical: the
           cp.async path keeps a stage's two tiles in traversal order, the TMA path lower first).
 
@@ -433,7 +433,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         contiguous_out = b.poisoned_run(ours.dense)
         t_contiguous = median_ms(ours.dense)
         clock_contiguous = common.last_clock_mhz
-        for page_size in (1, 16, 64, 100, 128):
+        for page_size in (1, 8, 16, 32, 64, 100, 128):
             view = PagedView(b, page_size, gen)
             run = ours.dense_paged(view)
             out = b.poisoned_run(run)

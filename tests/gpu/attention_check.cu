@@ -193,7 +193,9 @@ fp_problem cpu_problem(const Inputs& in, bool wide) {
   return p;
 }
 
-// Device copies of the inputs, contiguous or paged with a shuffled page table.
+// Device copies of the inputs, contiguous or paged with a shuffled page table. page_size 0 is
+// contiguous; a negative page size -n gives pages of n keys that do not lie back to back (one
+// poisoned token between pages), which the kernel cannot read as one tensor.
 struct DeviceInputs {
   DeviceBuffer<uint16_t> q, k, v;
   DeviceBuffer<int32_t> cu_q, cu_k, seqlens_k, page_table;
@@ -209,6 +211,8 @@ void make_device(const Inputs& in, int page_size, DeviceInputs& dev) {
   dev.cu_q.upload(in.cu_q);
   dev.p.q = dev.q.ptr;
   dev.p.cu_seqlens_q = dev.cu_q.ptr;
+  const bool gaps = page_size < 0;
+  page_size = std::abs(page_size);
   if (page_size == 0) {
     dev.k.upload(in.k);
     dev.v.upload(in.v);
@@ -228,7 +232,7 @@ void make_device(const Inputs& in, int page_size, DeviceInputs& dev) {
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
   std::vector<int32_t> table(size_t(B) * max_pages, -1);  // unused entries must not be read
-  const size_t page_elems = size_t(page_size) * Hkv * D;
+  const size_t page_elems = size_t(page_size + (gaps ? 1 : 0)) * Hkv * D;
   std::vector<uint16_t> kp(page_elems * num_pages, 0xFFFF), vp(kp.size(), 0xFFFF);
   int next = 0;
   for (int b = 0; b < B; ++b)
@@ -509,7 +513,9 @@ fp_select_config config_with(double alpha, bool correction, int block_size) {
   return c;
 }
 
-// Every check of one geometry; page_sizes lists the paged layouts to run besides contiguous.
+// Every check of one geometry; page_sizes lists the paged layouts to run besides contiguous
+// (make_device: negative sizes leave gaps between pages). Pages of a multiple of 8 keys that lie
+// back to back go through TMA, in boxes of gcd(page size, 64) rows; the others through cp.async.
 void check_geometry(const Geometry& g, const std::vector<int>& page_sizes, bool full) {
   const Inputs in = make_inputs(g);
   DeviceInputs dev;
@@ -556,11 +562,11 @@ void check_geometry(const Geometry& g, const std::vector<int>& page_sizes, bool 
     for (const int ps : page_sizes) {
       DeviceInputs paged;
       make_device(in, ps, paged);
-      compare(tag + " random index" + ct + " paged " + std::to_string(ps),
-              run_gpu(in, paged, &c, &rnd, 0), cpu_rnd);
+      const std::string pt = std::to_string(std::abs(ps)) + (ps < 0 ? " with gaps" : "");
+      compare(tag + " random index" + ct + " paged " + pt, run_gpu(in, paged, &c, &rnd, 0),
+              cpu_rnd);
       if (!correction)
-        compare(tag + " dense paged " + std::to_string(ps), run_gpu(in, paged, nullptr, nullptr, 0),
-                gpu_dense);
+        compare(tag + " dense paged " + pt, run_gpu(in, paged, nullptr, nullptr, 0), gpu_dense);
     }
   }
 }
@@ -594,17 +600,17 @@ int main(int argc, char** argv) {
   const fp_dtype bf = FP_BFLOAT16, hf = FP_FLOAT16;
 
   check_geometry(geometry("L1", bf, 128, 4, 1, {1}, {1}), {1}, true);
-  check_geometry(geometry("L129", hf, 64, 6, 2, {129}, {129}), {64, 128}, true);
+  check_geometry(geometry("L129", hf, 64, 6, 2, {129}, {129}), {8, 16, 64, 128}, true);
   if (!small_only) {
     check_geometry(geometry("L63", bf, 128, 8, 2, {63}, {63}), {16}, true);
     check_geometry(geometry("L4097 bs256", bf, 128, 8, 2, {4097}, {4097}, 256), {}, true);
     check_geometry(geometry("L4097", hf, 128, 4, 4, {4097}, {4097}), {}, true);
     check_geometry(geometry("mixed+prefix", bf, 128, 8, 2, {1, 100, 700, 0, 257},
                             {1000, 165, 700, 64, 2000}),
-                   {1, 16, 64, 100, 128, 192}, true);
+                   {1, 8, 16, 32, 48, 64, -64, 100, 128, 192}, true);
     check_geometry(geometry("mixed+prefix", hf, 64, 10, 2, {33, 0, 300}, {3000, 5, 301}),
-                   {1, 100}, true);
-    check_geometry(geometry("chunked", bf, 128, 8, 2, {256, 300}, {8192, 5000}), {16, 256}, true);
+                   {1, 16, 96, 100}, true);
+    check_geometry(geometry("chunked", bf, 128, 8, 2, {256, 300}, {8192, 5000}), {16, 32, -16, 256}, true);
     Geometry big = geometry("L100003", bf, 64, 2, 1, {100003}, {100003});
     big.cpu_dense = false;
     check_geometry(big, {}, false);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <numeric>
 #include <string>
 
 #include <cutlass/numeric_types.h>
@@ -27,6 +28,7 @@ using attention::AttentionParams;
 
 constexpr size_t kAlign = 256;
 using attention::kElementBytes;
+using attention::kTmaMinBoxRows;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // An attribute of the current device, or `fallback` when the runtime cannot tell.
@@ -140,16 +142,17 @@ fp_status encode_map(CUtensorMap* map, const void* base, cuuint32_t rank, const 
   return FP_OK;
 }
 
-// K or V [rows, Hkv, D] as the 3-D tensor (D, Hkv, rows) in 64 x 1 x 64 boxes.
+// K or V [rows, Hkv, D] as the 3-D tensor (D, Hkv, rows) in 64 x 1 x box_rows boxes.
 fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p, int64_t rows,
-                        int64_t stride_token, int64_t stride_head, const char* what) {
+                        int32_t box_rows, int64_t stride_token, int64_t stride_head,
+                        const char* what) {
   // A single head's stride is never used (coordinate 0); give TMA a legal one.
   const int64_t head_stride = p.num_heads_kv > 1 ? stride_head : stride_token;
   const cuuint64_t dims[3] = {cuuint64_t(p.head_dim), cuuint64_t(p.num_heads_kv),
                               cuuint64_t(rows)};
   const cuuint64_t strides[2] = {cuuint64_t(head_stride * kElementBytes),
                                  cuuint64_t(stride_token * kElementBytes)};
-  const cuuint32_t box[3] = {64, 1, uint32_t(kKvTile)};
+  const cuuint32_t box[3] = {64, 1, uint32_t(box_rows)};
   return encode_map(map, base, 3, dims, strides, box, what);
 }
 
@@ -203,23 +206,30 @@ fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
   return FP_OK;
 }
 
-// Contiguous KV is fetched by TMA, and so is paged KV whose pages hold a multiple of 64 keys and
-// lie back to back (the pool is then one (D, Hkv, num_pages * page_size) tensor and every tile
-// lies inside one page). Other paged KV, and tensors too long for 32-bit TMA coordinates, go
-// through cp.async and the page table.
+// Contiguous KV is fetched by TMA, and so is paged KV whose pages lie back to back (the pool is
+// then one (D, Hkv, num_pages * page_size) tensor) and hold a multiple of 8 keys: a tile then
+// comes in boxes of gcd(page_size, 64) rows, each inside one page and a whole number of 8-row
+// swizzle atoms (one box per tile for pages of a multiple of 64 keys). Other paged KV, and
+// tensors too long for 32-bit TMA coordinates, go through cp.async and the page table.
 fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   a.tma = false;
   a.tma_pair = false;
+  a.tma_box_rows = kKvTile;
   const bool paged = p.kv_layout == FP_KV_PAGED;
-  if (paged && (p.page_size % kKvTile != 0 || p.k_stride_page != p.page_size * p.k_stride_token ||
-                p.v_stride_page != p.page_size * p.v_stride_token))
-    return FP_OK;
+  if (paged) {
+    a.tma_box_rows = std::gcd(p.page_size, kKvTile);
+    if (a.tma_box_rows < kTmaMinBoxRows || p.k_stride_page != p.page_size * p.k_stride_token ||
+        p.v_stride_page != p.page_size * p.v_stride_token)
+      return FP_OK;
+  }
   const int64_t rows = paged ? int64_t(p.num_pages) * p.page_size : p.total_k;
   if (rows <= 0 || rows > INT32_MAX - kKvTile) return FP_OK;
-  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, rows, p.k_stride_token, p.k_stride_head, "K");
+  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, rows, a.tma_box_rows, p.k_stride_token,
+                                  p.k_stride_head, "K");
       s != FP_OK)
     return s;
-  if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, rows, p.v_stride_token, p.v_stride_head, "V");
+  if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, rows, a.tma_box_rows, p.v_stride_token,
+                                  p.v_stride_head, "V");
       s != FP_OK)
     return s;
   a.tma = true;
@@ -280,6 +290,17 @@ int64_t max_items(const ProblemInfo& info, int32_t splits) {
   return tiles * p.num_heads_kv * splits;
 }
 
+// The attention kernel of this dtype, head dimension (128 or 64) and KV layout.
+template <bool kPaged>
+cudaError_t launch_kernel(const AttentionParams& a, bool bf16, int head_dim, cudaStream_t stream) {
+  using attention::launch_attention;
+  if (head_dim == 128)
+    return bf16 ? launch_attention<cutlass::bfloat16_t, 128, kPaged>(a, stream)
+                : launch_attention<cutlass::half_t, 128, kPaged>(a, stream);
+  return bf16 ? launch_attention<cutlass::bfloat16_t, 64, kPaged>(a, stream)
+              : launch_attention<cutlass::half_t, 64, kPaged>(a, stream);
+}
+
 // Workspace: [scheduler] [split partials: O, LSE] [converted k means] [converted v means].
 fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_t mean_bytes) {
   const fp_problem& p = *info.p;
@@ -329,13 +350,8 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
   if (const cudaError_t e = attention::launch_prepare_schedule(a, sched, stream); e != cudaSuccess)
     return fail(FP_ERROR_CUDA, std::string("scheduler preparation failed: ") + cudaGetErrorString(e));
   const bool bf16 = p.dtype == FP_BFLOAT16;
-  cudaError_t err;
-  if (p.head_dim == 128)
-    err = bf16 ? attention::launch_attention<cutlass::bfloat16_t, 128>(a, stream)
-               : attention::launch_attention<cutlass::half_t, 128>(a, stream);
-  else
-    err = bf16 ? attention::launch_attention<cutlass::bfloat16_t, 64>(a, stream)
-               : attention::launch_attention<cutlass::half_t, 64>(a, stream);
+  cudaError_t err = a.paged ? launch_kernel<true>(a, bf16, p.head_dim, stream)
+                            : launch_kernel<false>(a, bf16, p.head_dim, stream);
   if (err == cudaSuccess && a.num_splits > 1) {
     attention::launch_combine(a, p.dtype, p.head_dim, stream);
     err = cudaGetLastError();

@@ -1,6 +1,6 @@
-// Explicit instantiation: fp16, head dim 128.
+// Explicit instantiation: fp16, head dim 128, contiguous KV.
 #include "cuda/attention/launch.cuh"
 
 namespace flashprefill::cuda::attention {
-template cudaError_t launch_attention<cutlass::half_t, 128>(const AttentionParams&, cudaStream_t);
+template cudaError_t launch_attention<cutlass::half_t, 128, false>(const AttentionParams&, cudaStream_t);
 }  // namespace flashprefill::cuda::attention

@@ -1,6 +1,6 @@
-// Explicit instantiation: fp16, head dim 64.
+// Explicit instantiation: fp16, head dim 64, contiguous KV.
 #include "cuda/attention/launch.cuh"
 
 namespace flashprefill::cuda::attention {
-template cudaError_t launch_attention<cutlass::half_t, 64>(const AttentionParams&, cudaStream_t);
+template cudaError_t launch_attention<cutlass::half_t, 64, false>(const AttentionParams&, cudaStream_t);
 }  // namespace flashprefill::cuda::attention

@@ -16,10 +16,13 @@ namespace flashprefill::cuda::attention {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_>
+// kPaged_: K and V in a paged cache (params' paged); a kernel of its own, so that the page-table
+// code costs the contiguous kernel nothing (one shared kernel ran contiguous KV about 1 % slower).
+template <class Element_, int kHeadDim_, bool kPaged_>
 struct KernelTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kPaged = kPaged_;
   static constexpr int kBlockM = kTileRows;   // PackGQA rows per query tile
   static constexpr int kTilesPerStage = 2;
   static constexpr int kBlockN = kTilesPerStage * kKvTile;  // keys per stage

@@ -1,4 +1,4 @@
-// Per-(dtype, head dim) kernel launch, explicitly instantiated in instantiate_*.cu.
+// Per-(dtype, head dim, KV layout) kernel launch, explicitly instantiated in instantiate_*.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -7,7 +7,7 @@
 
 namespace flashprefill::cuda::attention {
 
-template <class Element, int kHeadDim>
+template <class Element, int kHeadDim, bool kPaged>
 cudaError_t launch_attention(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace flashprefill::cuda::attention

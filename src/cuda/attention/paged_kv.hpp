@@ -1,7 +1,8 @@
 // Producer-side copies into the shared-memory stages: TMA boxes for full KV tiles of contiguous KV
-// and for mean windows (the converted means of means.hpp); cp.async for the Q tile, for paged KV
-// of any page size (Eq. 22) and for a request's partial last tile, whose rows past the sequence
-// are zero-filled so that no stale value can reach the tensor cores.
+// and of paged KV whose pages hold a multiple of 8 keys, and for mean windows (the converted means
+// of means.hpp); cp.async for the Q tile, for other paged KV (Eq. 22) and for a request's partial
+// last tile, whose rows past the sequence are zero-filled so that no stale value can reach the
+// tensor cores.
 #pragma once
 
 #include <cstdint>
@@ -86,7 +87,7 @@ __device__ __forceinline__ void tma_load_mean_box(void* smem, const CUtensorMap*
 }
 
 // Whether KV tile t is fetched by TMA: KV that the TMA maps cover (contiguous, or paged with
-// whole tiles per page) and every row of the tile inside the request (a partial last tile goes
+// pages of a multiple of 8 keys back to back) and every row of the tile inside the request (a partial last tile goes
 // through cp.async, whose zero-fill keeps rows past the request, which may be another request's
 // or unwritten memory, away from the tensor cores).
 __device__ __forceinline__ bool tile_by_tma(const AttentionParams& p, int32_t len_kv, int32_t t) {
@@ -167,7 +168,7 @@ struct TileLoader {
     const Element* k = static_cast<const Element*>(p.k) + int64_t(w.h) * p.k_stride_head + col;
     const Element* v = static_cast<const Element*>(p.v) + int64_t(w.h) * p.v_stride_head + col;
     const int32_t j0 = t * kKvTile + r0;
-    if (p.paged) {
+    if constexpr (Traits::kPaged) {
       // Eq. 22. A warp copies 16 rows of the tile (kRowsPerWarp rows per iteration); lane l
       // (mod 16) looks up the page of the warp's l-th row once, all lanes at the same time, and
       // each iteration takes its row's page and offset by shuffle: one page-table latency per
@@ -197,32 +198,58 @@ struct TileLoader {
         cp_async_16(k_dst + i * k_dst_step, k + k_off, valid);
         cp_async_16(v_dst + i * v_dst_step, v + v_off, valid);
       }
-      return;
-    }
-    CUTE_UNROLL
-    for (int i = 0; i < kIters; ++i) {
-      const int32_t j = j0 + i * kRowStep;
-      const bool valid = t >= 0 && j < w.seq.len_kv;
-      int64_t k_off = 0, v_off = 0;
-      if (valid) {
-        const int64_t row = w.k_addr.row0 + j;
-        k_off = row * p.k_stride_token;
-        v_off = row * p.v_stride_token;
+    } else {
+      CUTE_UNROLL
+      for (int i = 0; i < kIters; ++i) {
+        const int32_t j = j0 + i * kRowStep;
+        const bool valid = t >= 0 && j < w.seq.len_kv;
+        int64_t k_off = 0, v_off = 0;
+        if (valid) {
+          const int64_t row = w.k_addr.row0 + j;
+          k_off = row * p.k_stride_token;
+          v_off = row * p.v_stride_token;
+        }
+        cp_async_16(k_dst + i * k_dst_step, k + k_off, valid);
+        cp_async_16(v_dst + i * v_dst_step, v + v_off, valid);
       }
-      cp_async_16(k_dst + i * k_dst_step, k + k_off, valid);
-      cp_async_16(v_dst + i * v_dst_step, v + v_off, valid);
     }
   }
 
   __device__ bool tma_tile(int32_t t) const { return tile_by_tma(p, w.seq.len_kv, t); }
 
-  // Row of the TMA maps where full KV tile t starts: the request's first row plus 64 t, or,
-  // paged (pages of a multiple of 64 keys), its page's first row plus its offset in the page.
-  __device__ int32_t tma_row(int32_t t) const {
-    const int32_t key = t * kKvTile;
-    if (!p.paged) return int32_t(w.k_addr.row0) + key;
+  // Row of the TMA maps where full KV tile t of contiguous KV starts.
+  __device__ int32_t tma_row(int32_t t) const { return int32_t(w.k_addr.row0) + t * kKvTile; }
+
+  // Paged KV by TMA: a stage's full tiles come in boxes of p.tma_box_rows rows, nb = 64 /
+  // tma_box_rows per tile; lane l < 2 nb of the producer's first warp owns box l % nb of tile
+  // (l < nb ? tile0 : tile1). Its row in the TMA maps (0 when the lane has no box): the box's
+  // page, from the page table, plus the box's offset in the page. Each lane looks up one page, all
+  // at once, before the stage's buffer frees.
+  __device__ int32_t paged_box_row(int32_t tile0, int32_t tile1) const {
+    const int nb = kKvTile / p.tma_box_rows;
+    const int lane = thread;
+    const int32_t t = lane < nb ? tile0 : lane < 2 * nb ? tile1 : -1;
+    if (!tma_tile(t)) return 0;
+    const int32_t key = t * kKvTile + (lane % nb) * p.tma_box_rows;
     const int32_t slot = key / p.page_size;
     return w.k_addr.pages[slot] * p.page_size + (key - slot * p.page_size);
+  }
+
+  // This lane's boxes (paged_box_row) of the stage's full tiles, for tiles fetched by TMA
+  // (tile_by_tma); issued by the lanes of the producer's first warp.
+  template <class SmemK, class SmemVt>
+  __device__ void tma_kv_boxes(SmemK& sK, SmemVt& sVt, int32_t tile0, int32_t tile1, int32_t row,
+                               int stage, uint64_t* bar) const {
+    const int nb = kKvTile / p.tma_box_rows;
+    const int lane = thread;
+    const int half = lane < nb ? 0 : 1;
+    if (lane >= 2 * nb || !tma_tile(half == 0 ? tile0 : tile1)) return;
+    const int r = half * kKvTile + (lane % nb) * p.tma_box_rows;
+    CUTE_UNROLL
+    for (int c = 0; c < kD; c += Traits::kBoxCols) {
+      tma_load_box(&sK(r, c, stage), &p.tma_k, bar, c, w.h, row);
+      tma_load_box(&sVt(c, r, stage), &p.tma_v, bar, c, w.h, row);
+    }
   }
 
   // KV tile t (from map row `row`, tma_row) by TMA into rows [64 half, 64 half + 64) of stage
@@ -237,7 +264,7 @@ struct TileLoader {
     }
   }
 
-  // KV tiles t and t + 1 (from map row `row`, tma_row(t); paged, both in one page) by TMA into
+  // KV tiles t and t + 1 (from map row `row` of tile t; paged, both in one page) by TMA into
   // stage `stage`, one box per operand; issued by one thread.
   template <class SmemK, class SmemVt>
   __device__ void tma_kv_pair(SmemK& sK, SmemVt& sVt, int32_t row, int stage, uint64_t* bar) const {

@@ -6,16 +6,24 @@
 
 #include <cuda.h>  // CUtensorMap (a plain 128-byte struct; no driver call happens here)
 
+#include "core/geometry.hpp"
+
 namespace flashprefill::cuda::attention {
 
+// Paged KV by TMA takes boxes of gcd(page_size, 64) rows: at least one 8-row atom of the 128-byte
+// swizzle, so that a box lands where the stage layout expects it.
+inline constexpr int kTmaMinBoxRows = 8;
+
 struct AttentionParams {
-  // TMA descriptors of K and V as 3-D tensors (D, Hkv, rows) with 64 x 1 x 64 boxes and the
-  // 128-byte swizzle of the shared-memory stages (encoded by attention.cu). Contiguous KV: rows =
-  // total_k. Paged KV whose pages hold a multiple of 64 keys and lie back to back (page stride =
-  // page_size token strides): rows = num_pages * page_size, a tile's row found through the page
-  // table. Other paged KV goes through cp.async and KvAddress; tma is false then.
+  // TMA descriptors of K and V as 3-D tensors (D, Hkv, rows) with 64 x 1 x tma_box_rows boxes and
+  // the 128-byte swizzle of the shared-memory stages (encoded by attention.cu). Contiguous KV:
+  // rows = total_k, boxes of a whole 64-key tile. Paged KV whose pages hold a multiple of 8 keys
+  // and lie back to back (page stride = page_size token strides): rows = num_pages * page_size,
+  // boxes of gcd(page_size, 64) rows (each inside one page), each box's row found through the
+  // page table. Other paged KV goes through cp.async and KvAddress; tma is false then.
   CUtensorMap tma_k{}, tma_v{};
   bool tma = false;
+  int32_t tma_box_rows = kKvTile;
   // The same K and V as 4-D tensors (64, rows, D / 64, Hkv) in 64 x 128 x D/64 x 1 boxes: one
   // box fills a whole stage operand with two adjacent KV tiles (tma_pair when both encoded; for
   // paged KV only when pages hold a multiple of 128 keys, and then only for pairs that start on
