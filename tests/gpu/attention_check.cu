@@ -514,7 +514,7 @@ fp_select_config config_with(double alpha, bool correction, int block_size) {
 }
 
 // Every check of one geometry; page_sizes lists the paged layouts to run besides contiguous
-// (make_device: negative sizes leave gaps between pages). Pages of a multiple of 8 keys that lie
+// (make_device: negative sizes leave gaps between pages). Pages of a multiple of 16 keys that lie
 // back to back go through TMA, in boxes of gcd(page size, 64) rows; the others through cp.async.
 void check_geometry(const Geometry& g, const std::vector<int>& page_sizes, bool full) {
   const Inputs in = make_inputs(g);

@@ -207,7 +207,7 @@ fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
 }
 
 // Contiguous KV is fetched by TMA, and so is paged KV whose pages lie back to back (the pool is
-// then one (D, Hkv, num_pages * page_size) tensor) and hold a multiple of 8 keys: a tile then
+// then one (D, Hkv, num_pages * page_size) tensor) and hold a multiple of 16 keys: a tile then
 // comes in boxes of gcd(page_size, 64) rows, each inside one page and a whole number of 8-row
 // swizzle atoms (one box per tile for pages of a multiple of 64 keys). Other paged KV, and
 // tensors too long for 32-bit TMA coordinates, go through cp.async and the page table.

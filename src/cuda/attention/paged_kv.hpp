@@ -1,5 +1,5 @@
 // Producer-side copies into the shared-memory stages: TMA boxes for full KV tiles of contiguous KV
-// and of paged KV whose pages hold a multiple of 8 keys, and for mean windows (the converted means
+// and of paged KV whose pages hold a multiple of 16 keys, and for mean windows (the converted means
 // of means.hpp); cp.async for the Q tile, for other paged KV (Eq. 22) and for a request's partial
 // last tile, whose rows past the sequence are zero-filled so that no stale value can reach the
 // tensor cores.
@@ -87,9 +87,9 @@ __device__ __forceinline__ void tma_load_mean_box(void* smem, const CUtensorMap*
 }
 
 // Whether KV tile t is fetched by TMA: KV that the TMA maps cover (contiguous, or paged with
-// pages of a multiple of 8 keys back to back) and every row of the tile inside the request (a partial last tile goes
-// through cp.async, whose zero-fill keeps rows past the request, which may be another request's
-// or unwritten memory, away from the tensor cores).
+// pages of a multiple of 16 keys back to back) and every row of the tile inside the request (a
+// partial last tile goes through cp.async, whose zero-fill keeps rows past the request, which may
+// be another request's or unwritten memory, away from the tensor cores).
 __device__ __forceinline__ bool tile_by_tma(const AttentionParams& p, int32_t len_kv, int32_t t) {
   return p.tma && t >= 0 && (t + 1) * kKvTile <= len_kv;
 }
@@ -217,11 +217,21 @@ struct TileLoader {
 
   __device__ bool tma_tile(int32_t t) const { return tile_by_tma(p, w.seq.len_kv, t); }
 
-  // Row of the TMA maps where full KV tile t of contiguous KV starts.
-  __device__ int32_t tma_row(int32_t t) const { return int32_t(w.k_addr.row0) + t * kKvTile; }
+  // Row of the TMA maps where full KV tile t starts: the request's first row plus 64 t, or,
+  // paged (whole-tile boxes: pages of a multiple of 64 keys), its page's first row plus its
+  // offset in the page.
+  __device__ int32_t tma_row(int32_t t) const {
+    const int32_t key = t * kKvTile;
+    if constexpr (Traits::kPaged) {
+      const int32_t slot = key / p.page_size;
+      return w.k_addr.pages[slot] * p.page_size + (key - slot * p.page_size);
+    } else {
+      return int32_t(w.k_addr.row0) + key;
+    }
+  }
 
-  // Paged KV by TMA: a stage's full tiles come in boxes of p.tma_box_rows rows, nb = 64 /
-  // tma_box_rows per tile; lane l < 2 nb of the producer's first warp owns box l % nb of tile
+  // Paged KV by TMA in boxes smaller than a tile: a stage's full tiles come in boxes of
+  // p.tma_box_rows rows, nb = 64 / tma_box_rows per tile; lane l < 2 nb of the producer's first warp owns box l % nb of tile
   // (l < nb ? tile0 : tile1). Its row in the TMA maps (0 when the lane has no box): the box's
   // page, from the page table, plus the box's offset in the page. Each lane looks up one page, all
   // at once, before the stage's buffer frees.
