@@ -24,9 +24,10 @@ Rows:
           2048 / 64K), dense, with the heuristic's KV splits and with splitting forced off, vs the
           same bottom-right baselines.
   paged   L = --paged-length, dense: the same K/V in a paged cache (page sizes 1, 8, 16, 32, 64,
-          100, 128, pages in shuffled order) against the contiguous layout in the same process, with the
-          two outputs' largest difference and relative L2 distance (not bit-identical: the
-          cp.async path keeps a stage's two tiles in traversal order, the TMA path lower first).
+          100, 128, pages in shuffled order; 16 and 64 also in order) against the contiguous
+          layout in the same process, with the two outputs' largest difference and relative L2
+          distance (not bit-identical: the cp.async path keeps a stage's two tiles in traversal
+          order, the TMA path lower first).
 
 Usage: python3 bench/bench_attention.py [--lib build/libflashprefill.so] [--json out.json]
 """
@@ -115,13 +116,15 @@ class Batch:
 
 class PagedView:
     """A one-request Batch's K/V copied into a paged cache of page_size rows, its pages in shuffled
-    order (page_table), and the problem that reads it; q and the output are the batch's."""
+    order (or, shuffled=False, in order: page j at physical page j), with the page table and the
+    problem that reads it; q and the output are the batch's."""
 
-    def __init__(self, batch, page_size, gen):
+    def __init__(self, batch, page_size, gen, shuffled=True):
         assert len(batch.len_kv) == 1, "one request"
         L = batch.len_kv[0]
         n = math.ceil(L / page_size)
-        perm = torch.randperm(n, generator=gen, device="cuda")
+        perm = (torch.randperm(n, generator=gen, device="cuda") if shuffled
+                else torch.arange(n, device="cuda"))
         self.page_table = perm.to(torch.int32).contiguous()
         self.seqlens_k = torch.tensor([L], dtype=torch.int32, device="cuda")
         pools = []
@@ -433,13 +436,16 @@ def run_group(group, args, lib, gen, report, dense_ms):
         contiguous_out = b.poisoned_run(ours.dense)
         t_contiguous = median_ms(ours.dense)
         clock_contiguous = common.last_clock_mhz
-        for page_size in (1, 8, 16, 32, 64, 100, 128):
-            view = PagedView(b, page_size, gen)
+        for page_size, shuffled in [(ps, True) for ps in (1, 8, 16, 32, 64, 100, 128)] + \
+                                   [(ps, False) for ps in (16, 64)]:
+            view = PagedView(b, page_size, gen, shuffled)
             run = ours.dense_paged(view)
             out = b.poisoned_run(run)
             maxdiff = (out.float() - contiguous_out.float()).abs().max().item()
             t = median_ms(run)
-            report(dict(row="paged", L=L, page_size=page_size, ours_ms=t, ours_tflops=tflops(b, t),
+            report(dict(row="paged", L=L, page_size=page_size,
+                        pages="shuffled" if shuffled else "in_order", ours_ms=t,
+                        ours_tflops=tflops(b, t),
                         contiguous_ms=t_contiguous, paged_vs_contiguous=t / t_contiguous,
                         maxdiff_vs_contiguous=maxdiff, relerr_vs_contiguous=rel_err(out, contiguous_out),
                         finite=bool(torch.isfinite(out).all()),
