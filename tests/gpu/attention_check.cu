@@ -193,16 +193,28 @@ fp_problem cpu_problem(const Inputs& in, bool wide) {
   return p;
 }
 
-// Device copies of the inputs, contiguous or paged with a shuffled page table. page_size 0 is
-// contiguous; a negative page size -n gives pages of n keys that do not lie back to back (one
-// poisoned token between pages), which the kernel cannot read as one tensor.
+// A paged layout: pages of page_size keys in shuffled order; with gaps, one poisoned token
+// between pages (the kernel cannot read the pool as one tensor); mostly in order, the pages in
+// order except that about one in four trades places with another (runs of consecutive pages,
+// which the kernel may read as one box, broken at random).
+struct Paging {
+  int page_size = 0;  // 0: contiguous
+  bool gaps = false;
+  bool mostly_in_order = false;
+  std::string name() const {
+    return std::to_string(page_size) + (gaps ? " with gaps" : "") +
+           (mostly_in_order ? " mostly in order" : "");
+  }
+};
+
+// Device copies of the inputs, contiguous or paged.
 struct DeviceInputs {
   DeviceBuffer<uint16_t> q, k, v;
   DeviceBuffer<int32_t> cu_q, cu_k, seqlens_k, page_table;
   fp_problem p{};
 };
 
-void make_device(const Inputs& in, int page_size, DeviceInputs& dev) {
+void make_device(const Inputs& in, const Paging& paging, DeviceInputs& dev) {
   const Geometry& g = in.g;
   const int B = int(g.len_q.size()), D = g.head_dim, Hkv = g.heads_kv;
   dev.p = cpu_problem(in, false);
@@ -211,8 +223,8 @@ void make_device(const Inputs& in, int page_size, DeviceInputs& dev) {
   dev.cu_q.upload(in.cu_q);
   dev.p.q = dev.q.ptr;
   dev.p.cu_seqlens_q = dev.cu_q.ptr;
-  const bool gaps = page_size < 0;
-  page_size = std::abs(page_size);
+  const bool gaps = paging.gaps;
+  const int page_size = paging.page_size;
   if (page_size == 0) {
     dev.k.upload(in.k);
     dev.v.upload(in.v);
@@ -230,7 +242,12 @@ void make_device(const Inputs& in, int page_size, DeviceInputs& dev) {
   }
   std::vector<int32_t> order(num_pages);
   std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
+  if (paging.mostly_in_order) {
+    for (int i = 0; i < num_pages; ++i)
+      if (rng() % 4 == 0) std::swap(order[i], order[rng() % num_pages]);
+  } else {
+    std::shuffle(order.begin(), order.end(), rng);
+  }
   std::vector<int32_t> table(size_t(B) * max_pages, -1);  // unused entries must not be read
   const size_t page_elems = size_t(page_size + (gaps ? 1 : 0)) * Hkv * D;
   std::vector<uint16_t> kp(page_elems * num_pages, 0xFFFF), vp(kp.size(), 0xFFFF);
@@ -513,13 +530,13 @@ fp_select_config config_with(double alpha, bool correction, int block_size) {
   return c;
 }
 
-// Every check of one geometry; page_sizes lists the paged layouts to run besides contiguous
-// (make_device: negative sizes leave gaps between pages). Pages of a multiple of 16 keys that lie
-// back to back go through TMA, in boxes of gcd(page size, 64) rows; the others through cp.async.
-void check_geometry(const Geometry& g, const std::vector<int>& page_sizes, bool full) {
+// Every check of one geometry; pagings lists the paged layouts to run besides contiguous. Pages
+// of a multiple of 16 keys that lie back to back go through TMA, in boxes of gcd(page size, 64)
+// rows (pairs of tiles in one box where their rows are consecutive); the others through cp.async.
+void check_geometry(const Geometry& g, const std::vector<Paging>& pagings, bool full) {
   const Inputs in = make_inputs(g);
   DeviceInputs dev;
-  make_device(in, 0, dev);
+  make_device(in, Paging{}, dev);
   const std::string tag = g.name + (g.dtype == FP_BFLOAT16 ? " bf16" : " fp16") + " D" +
                           std::to_string(g.head_dim) + " g" + std::to_string(g.heads_q / g.heads_kv);
 
@@ -559,10 +576,10 @@ void check_geometry(const Geometry& g, const std::vector<int>& page_sizes, bool 
     const Result gpu_rnd = run_gpu(in, dev, &c, &rnd, 0);
     compare(tag + " random index" + ct, gpu_rnd, cpu_rnd);
     compare(tag + " random index" + ct + " split 4", run_gpu(in, dev, &c, &rnd, 4), cpu_rnd);
-    for (const int ps : page_sizes) {
+    for (const Paging& paging : pagings) {
       DeviceInputs paged;
-      make_device(in, ps, paged);
-      const std::string pt = std::to_string(std::abs(ps)) + (ps < 0 ? " with gaps" : "");
+      make_device(in, paging, paged);
+      const std::string pt = paging.name();
       compare(tag + " random index" + ct + " paged " + pt, run_gpu(in, paged, &c, &rnd, 0),
               cpu_rnd);
       if (!correction)
@@ -599,18 +616,22 @@ int main(int argc, char** argv) {
   const bool small_only = argc > 2 && std::strcmp(argv[2], "small") == 0;
   const fp_dtype bf = FP_BFLOAT16, hf = FP_FLOAT16;
 
-  check_geometry(geometry("L1", bf, 128, 4, 1, {1}, {1}), {1}, true);
-  check_geometry(geometry("L129", hf, 64, 6, 2, {129}, {129}), {8, 16, 64, 128}, true);
+  check_geometry(geometry("L1", bf, 128, 4, 1, {1}, {1}), {{1}}, true);
+  check_geometry(geometry("L129", hf, 64, 6, 2, {129}, {129}),
+                 {{8}, {16}, {64}, {128}, {64, false, true}}, true);
   if (!small_only) {
-    check_geometry(geometry("L63", bf, 128, 8, 2, {63}, {63}), {16}, true);
+    check_geometry(geometry("L63", bf, 128, 8, 2, {63}, {63}), {{16}}, true);
     check_geometry(geometry("L4097 bs256", bf, 128, 8, 2, {4097}, {4097}, 256), {}, true);
-    check_geometry(geometry("L4097", hf, 128, 4, 4, {4097}, {4097}), {}, true);
+    check_geometry(geometry("L4097", hf, 128, 4, 4, {4097}, {4097}), {{64, false, true}}, true);
     check_geometry(geometry("mixed+prefix", bf, 128, 8, 2, {1, 100, 700, 0, 257},
                             {1000, 165, 700, 64, 2000}),
-                   {1, 8, 16, 32, 48, 64, -64, 100, 128, 192}, true);
+                   {{1}, {8}, {16}, {32}, {48}, {64}, {64, true}, {64, false, true}, {100}, {128},
+                    {128, false, true}, {192}},
+                   true);
     check_geometry(geometry("mixed+prefix", hf, 64, 10, 2, {33, 0, 300}, {3000, 5, 301}),
-                   {1, 16, 96, 100}, true);
-    check_geometry(geometry("chunked", bf, 128, 8, 2, {256, 300}, {8192, 5000}), {16, 32, -16, 256}, true);
+                   {{1}, {16}, {96}, {100}, {64, false, true}}, true);
+    check_geometry(geometry("chunked", bf, 128, 8, 2, {256, 300}, {8192, 5000}),
+                   {{16}, {32}, {16, true}, {256}, {64, false, true}}, true);
     Geometry big = geometry("L100003", bf, 64, 2, 1, {100003}, {100003});
     big.cpu_dense = false;
     check_geometry(big, {}, false);

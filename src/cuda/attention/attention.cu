@@ -235,8 +235,9 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   a.tma = true;
   // The pair maps only save TMA instructions: should a layout that the maps above accept be
   // refused in this dimension order, the 64 x 64 boxes load every tile (same results) and the
-  // call reports no error. Paged, a pair must lie in one page.
-  if (paged && p.page_size % (2 * kKvTile) != 0) return FP_OK;
+  // call reports no error. Paged (whole-tile boxes only), the kernel pairs two tiles only where
+  // their rows lie back to back in the pool: inside one page, or in consecutive pages.
+  if (paged && a.tma_box_rows != kKvTile) return FP_OK;
   a.tma_pair = encode_kv_pair_map(&a.tma_k_pair, p.k, p, rows, p.k_stride_token, p.k_stride_head,
                                   "K") == FP_OK &&
                encode_kv_pair_map(&a.tma_v_pair, p.v, p, rows, p.v_stride_token, p.v_stride_head,

@@ -201,14 +201,14 @@ struct Mainloop {
           // Two adjacent tiles (every two-tile dense stage; in sparse mode, stages that pair
           // the tiles of one selected block) come in one box per operand, the lower tile first.
           const int32_t lo = stage.tile0 < stage.tile1 ? stage.tile0 : stage.tile1;
-          // Paged, a pair must start on an even tile to lie in one page (pages of 128 k keys).
+          // Paged, thread 0 decides below, once it knows the tiles' rows.
           const bool pair = p.tma_pair && has1 && stage.tile0 + stage.tile1 == 2 * lo + 1 &&
-                            (!Traits::kPaged || lo % 2 == 0);
+                            !Traits::kPaged;
           if (pair) {
             info.tile0 = lo;
             info.tile1 = lo + 1;
           }
-          if (paged_boxes_by_lane) {  // no pairs: those need pages of a multiple of 128 keys
+          if (paged_boxes_by_lane) {  // no pairs: those need pages of a multiple of 64 keys
             if (thread < 32) {
               if (thread == 0) {
                 ss.stage_info[cur.index] = info;
@@ -217,10 +217,43 @@ struct Mainloop {
               paged_boxes();
             }
           } else if (thread == 0) {
-            ss.stage_info[cur.index] = info;
-            TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
-            if (pair) loader.tma_kv_pair(sK, sVt, loader.tma_row(lo), cur.index, bar);
-            else tma_tiles();
+            if constexpr (Traits::kPaged) {
+              // Whole-tile boxes. Adjacent tiles whose rows lie back to back in the pool (in one
+              // page, or in consecutive pages) are a pair. Inside one page, one page-table load
+              // gives both rows.
+              const bool adjacent = has1 && stage.tile0 + stage.tile1 == 2 * lo + 1;
+              int32_t row0, row1;
+              if (adjacent) {
+                const int32_t row_lo = loader.tma_row(lo);
+                const bool one_page = (lo * kKvTile) % p.page_size + 2 * kKvTile <= p.page_size;
+                const int32_t row_hi = one_page ? row_lo + kKvTile : loader.tma_row(lo + 1);
+                row0 = lo == stage.tile0 ? row_lo : row_hi;
+                row1 = lo == stage.tile0 ? row_hi : row_lo;
+              } else {
+                row0 = loader.tma_row(stage.tile0);
+                row1 = has1 ? loader.tma_row(stage.tile1) : 0;
+              }
+              const int32_t row_lo = lo == stage.tile0 ? row0 : row1;
+              const bool paged_pair =
+                  p.tma_pair && adjacent && (lo == stage.tile0 ? row1 : row0) == row_lo + kKvTile;
+              if (paged_pair) {
+                info.tile0 = lo;
+                info.tile1 = lo + 1;
+              }
+              ss.stage_info[cur.index] = info;
+              TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
+              if (paged_pair) {
+                loader.tma_kv_pair(sK, sVt, row_lo, cur.index, bar);
+              } else {
+                loader.tma_kv_tile(sK, sVt, row0, 0, cur.index, bar);
+                if (has1) loader.tma_kv_tile(sK, sVt, row1, 1, cur.index, bar);
+              }
+            } else {
+              ss.stage_info[cur.index] = info;
+              TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
+              if (pair) loader.tma_kv_pair(sK, sVt, loader.tma_row(lo), cur.index, bar);
+              else tma_tiles();
+            }
           }
         } else {
           // Some of the stage comes by cp.async: thread 0 publishes the stage (and its TMA

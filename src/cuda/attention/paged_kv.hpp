@@ -274,7 +274,7 @@ struct TileLoader {
     }
   }
 
-  // KV tiles t and t + 1 (from map row `row` of tile t; paged, both in one page) by TMA into
+  // KV tiles t and t + 1 (from map row `row` of tile t; paged, rows back to back) by TMA into
   // stage `stage`, one box per operand; issued by one thread.
   template <class SmemK, class SmemVt>
   __device__ void tma_kv_pair(SmemK& sK, SmemVt& sVt, int32_t row, int stage, uint64_t* bar) const {
