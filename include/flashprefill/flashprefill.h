@@ -100,8 +100,9 @@ typedef struct fp_problem {
   int32_t num_pages;
   int32_t page_size;           /* any value >= 1. On CUDA, pages of a multiple of 16 keys whose
                                   page stride is page_size token strides (pages back to back)
-                                  are read by TMA (fastest at multiples of 64 and 128); other
-                                  paged layouts by cp.async (docs/PERF.md) */
+                                  are read by TMA (fastest at multiples of 128 keys, or of 64
+                                  with consecutive pages); other paged layouts by cp.async
+                                  (docs/PERF.md) */
   const int32_t* page_table;   /* [B, max_pages_per_seq], entries in [0, num_pages) */
   int32_t max_pages_per_seq;
   const int32_t* seqlens_k;    /* [B] */
