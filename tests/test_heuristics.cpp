@@ -23,6 +23,8 @@ using flashprefill::cuda::attention::choose_splits;
 using flashprefill::cuda::attention::kMaxPartialBytes;
 using flashprefill::cuda::attention::kMaxSplits;
 using flashprefill::cuda::attention::kMinTilesPerSplit;
+using flashprefill::cuda::attention::kTmaMinBoxRows;
+using flashprefill::cuda::attention::paged_tma_box_rows;
 
 constexpr int kSms = 132;
 
@@ -157,6 +159,63 @@ TEST(LeadTiles, OneWaveOfTheGridAcrossAllHeads) {
         ASSERT_GE(lead * heads * splits, ctas);
         ASSERT_LT((lead - 1) * heads * splits, ctas);
       }
+}
+
+// A paged pool [num_pages, page_size, Hkv, D] (NHD); gap_tokens poisoned tokens after each page.
+fp_problem paged_pool(int32_t page_size, int32_t heads_kv = 8, int32_t head_dim = 128,
+                      int32_t gap_tokens = 0) {
+  fp_problem p{};
+  p.kv_layout = FP_KV_PAGED;
+  p.page_size = page_size;
+  p.num_heads_kv = heads_kv;
+  p.head_dim = head_dim;
+  p.k_stride_head = p.v_stride_head = head_dim;
+  p.k_stride_token = p.v_stride_token = int64_t(heads_kv) * head_dim;
+  p.k_stride_page = p.v_stride_page = int64_t(page_size + gap_tokens) * p.k_stride_token;
+  return p;
+}
+
+TEST(PagedTma, BoxesOfTheLargestPowerOfTwoUpToATileThatDividesThePage) {
+  // Pages of 16 keys or more whose gcd with 64 is at least 16: boxes of that many rows.
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(16)), 16);   // vLLM's default
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(32)), 32);
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(48)), 16);
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(96)), 32);
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(64)), 64);   // a whole tile per box
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(128)), 64);
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(192)), 64);
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(64, 1, 64)), 64);
+  // Smaller boxes than 16 rows go through cp.async.
+  for (const int32_t ps : {1, 2, 4, 8, 24, 40, 100, 200})
+    EXPECT_EQ(paged_tma_box_rows(paged_pool(ps)), 0) << "page size " << ps;
+}
+
+TEST(PagedTma, OnlyPoolsWhosePagesLieBackToBack) {
+  EXPECT_EQ(paged_tma_box_rows(paged_pool(64, 8, 128, 1)), 0);  // a token's gap between pages
+  fp_problem p = paged_pool(64);
+  p.v_stride_page += p.v_stride_token;  // V padded, K not
+  EXPECT_EQ(paged_tma_box_rows(p), 0);
+  // Heads outermost within a page (HND: [num_pages, Hkv, page_size, D]): a token's stride is D,
+  // a page's Hkv page_size D, not page_size token strides.
+  fp_problem hnd = paged_pool(64);
+  hnd.k_stride_token = hnd.v_stride_token = hnd.head_dim;
+  hnd.k_stride_head = hnd.v_stride_head = int64_t(64) * hnd.head_dim;
+  EXPECT_EQ(paged_tma_box_rows(hnd), 0);
+  // One KV head: HND and NHD are the same layout.
+  fp_problem one = paged_pool(64, 1);
+  one.k_stride_head = one.v_stride_head = int64_t(64) * one.head_dim;
+  EXPECT_EQ(paged_tma_box_rows(one), 64);
+}
+
+TEST(PagedTma, BoxesStayInsideOnePageAndHoldWholeSwizzleAtoms) {
+  for (int32_t ps = 1; ps <= 512; ++ps) {
+    const int32_t rows = paged_tma_box_rows(paged_pool(ps));
+    if (rows == 0) continue;
+    ASSERT_GE(rows, kTmaMinBoxRows);
+    ASSERT_EQ(ps % rows, 0) << "page size " << ps;
+    ASSERT_EQ(flashprefill::kKvTile % rows, 0) << "page size " << ps;
+    ASSERT_EQ(rows % 8, 0) << "page size " << ps;  // 8-row atoms of the 128-byte swizzle
+  }
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <numeric>
 #include <string>
 
 #include <cutlass/numeric_types.h>
@@ -28,7 +27,6 @@ using attention::AttentionParams;
 
 constexpr size_t kAlign = 256;
 using attention::kElementBytes;
-using attention::kTmaMinBoxRows;
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // An attribute of the current device, or `fallback` when the runtime cannot tell.
@@ -217,10 +215,8 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   a.tma_box_rows = kKvTile;
   const bool paged = p.kv_layout == FP_KV_PAGED;
   if (paged) {
-    a.tma_box_rows = std::gcd(p.page_size, kKvTile);
-    if (a.tma_box_rows < kTmaMinBoxRows || p.k_stride_page != p.page_size * p.k_stride_token ||
-        p.v_stride_page != p.page_size * p.v_stride_token)
-      return FP_OK;
+    a.tma_box_rows = attention::paged_tma_box_rows(p);
+    if (a.tma_box_rows == 0) return FP_OK;
   }
   const int64_t rows = paged ? int64_t(p.num_pages) * p.page_size : p.total_k;
   if (rows <= 0 || rows > INT32_MAX - kKvTile) return FP_OK;

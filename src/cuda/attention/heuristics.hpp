@@ -1,15 +1,35 @@
-// How many ways to split each query tile's KV iterations (Eq. 18). Decided from shapes alone,
-// so the workspace size never depends on device data: split only when the query tiles cannot
-// fill the GPU (short-query batches, chunked prefill) and every split keeps enough KV tiles.
+// Host decisions of the CUDA attention stage, made from shapes and strides alone. Which paged
+// pools TMA reads, and in boxes of how many rows. How many ways to split each query tile's KV
+// iterations (Eq. 18), so that the workspace size never depends on device data: split only when
+// the query tiles cannot fill the GPU (short-query batches, chunked prefill) and every split
+// keeps enough KV tiles.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 
 #include "core/geometry.hpp"
 #include "core/problem.hpp"
 
 namespace flashprefill::cuda::attention {
+
+// Paged KV by TMA takes boxes of gcd(page_size, 64) rows, each inside one page. A box must hold
+// whole 8-row atoms of the 128-byte swizzle to land where the stage layout expects it; boxes of
+// 8 rows (32 per tile) ran slower than cp.async (H200, dense 32K: 2.12x contiguous against
+// 1.92x), so TMA starts at 16.
+inline constexpr int kTmaMinBoxRows = 16;
+
+// Rows per TMA box of a paged K/V pool (p.kv_layout == FP_KV_PAGED, validated): gcd(page_size,
+// 64) when the pages lie back to back (page stride = page_size token strides, K and V), so that
+// the pool is one (D, Hkv, num_pages * page_size) tensor, and that gcd is at least
+// kTmaMinBoxRows; 0 when the pool goes through cp.async and the page table.
+inline int32_t paged_tma_box_rows(const fp_problem& p) {
+  const int32_t rows = std::gcd(p.page_size, kKvTile);
+  const bool back_to_back = p.k_stride_page == int64_t(p.page_size) * p.k_stride_token &&
+                            p.v_stride_page == int64_t(p.page_size) * p.v_stride_token;
+  return rows >= kTmaMinBoxRows && back_to_back ? rows : 0;
+}
 
 inline constexpr int64_t kElementBytes = 2;  // bf16 / fp16 operands
 inline constexpr int kMaxSplits = 16;

@@ -10,12 +10,6 @@
 
 namespace flashprefill::cuda::attention {
 
-// Paged KV by TMA takes boxes of gcd(page_size, 64) rows, each inside one page. A box must hold
-// whole 8-row atoms of the 128-byte swizzle to land where the stage layout expects it; boxes of
-// 8 rows (8 per tile and operand half) ran slower than cp.async (H200, dense 32K: 2.12x
-// contiguous against 1.92x), so TMA starts at 16.
-inline constexpr int kTmaMinBoxRows = 16;
-
 struct AttentionParams {
   // TMA descriptors of K and V as 3-D tensors (D, Hkv, rows) with 64 x 1 x tma_box_rows boxes and
   // the 128-byte swizzle of the shared-memory stages (encoded by attention.cu). Contiguous KV:
