@@ -231,10 +231,10 @@ struct TileLoader {
   }
 
   // Paged KV by TMA in boxes smaller than a tile: a stage's full tiles come in boxes of
-  // p.tma_box_rows rows, nb = 64 / tma_box_rows per tile; lane l < 2 nb of the producer's first warp owns box l % nb of tile
-  // (l < nb ? tile0 : tile1). Its row in the TMA maps (0 when the lane has no box): the box's
-  // page, from the page table, plus the box's offset in the page. Each lane looks up one page, all
-  // at once, before the stage's buffer frees.
+  // p.tma_box_rows rows, nb = 64 / tma_box_rows per tile; lane l < 2 nb of the producer's first
+  // warp owns box l % nb of tile (l < nb ? tile0 : tile1). Its row in the TMA maps (0 when the
+  // lane has no box): the box's page, from the page table, plus the box's offset in the page.
+  // Each lane looks up one page, all at once, before the stage's buffer frees.
   __device__ int32_t paged_box_row(int32_t tile0, int32_t tile1) const {
     const int nb = kKvTile / p.tma_box_rows;
     const int lane = thread;
