@@ -220,7 +220,8 @@ struct Mainloop {
             if constexpr (Traits::kPaged) {
               // Whole-tile boxes. Adjacent tiles whose rows lie back to back in the pool (in one
               // page, or in consecutive pages) are a pair. Inside one page, one page-table load
-              // gives both rows.
+              // gives both rows. (Sharing `adjacent` with the contiguous `pair` above changes
+              // ptxas's schedule of the contiguous kernel: kept apart.)
               const bool adjacent = has1 && stage.tile0 + stage.tile1 == 2 * lo + 1;
               int32_t row0, row1;
               if (adjacent) {
