@@ -132,9 +132,9 @@ class PagedView:
             pool = torch.zeros(n * page_size, HKV, D, device="cuda", dtype=src.dtype)
             pool[:L] = src
             pool = pool.view(n, page_size, HKV, D)
-            shuffled = torch.empty_like(pool)
-            shuffled[perm] = pool  # logical page j lives in physical page perm[j]
-            pools.append(shuffled)
+            placed = torch.empty_like(pool)
+            placed[perm] = pool  # logical page j lives in physical page perm[j]
+            pools.append(placed)
         self.k, self.v = pools
         p = Problem.from_buffer_copy(batch.problem)
         p.kv_layout, p.k, p.v = FP_PAGED, self.k.data_ptr(), self.v.data_ptr()
