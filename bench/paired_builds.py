@@ -18,13 +18,16 @@ Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128 or --head-dim 64, ca
           without mean correction; also time / (density x the build's dense time at 32K).
   sparse128k  L = 128K, random block masks at rho 5 % and 1.5 % (the demo's density at 128K),
           with and without mean correction.
+  paged   dense L = 32K on paged caches (bench_attention.PagedView, every build on the same
+          pool): pages of 1, 8, 16, 32, 64, 100, 128 keys shuffled, of 1, 16, 64, 100 in order;
+          the contiguous row first, with each build's paged / contiguous time.
 
 A build's single step (one timing, one checked run) that runs past --hang-s seconds (60) ends
 the run with the row, the build and a traceback (hang_guard.py): a hung kernel costs a minute
 of device time, not the call's whole limit.
 
 Usage: python3 bench/paired_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse,sparse128k]
-       [--rounds N] [--head-dim 64] [--hang-s S]
+       [--rounds N] [--head-dim 64] [--hang-s S]      (rows: any of dense,sparse,sparse128k,paged)
 """
 
 import argparse
@@ -154,6 +157,27 @@ def main():
         b = ba.Batch([131072], [131072])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         sparse_rows(b, ours, gen, (0.05, 0.015), args.rounds, 5, "sparse L=128K")
+        del b, ours
+        torch.cuda.empty_cache()
+    if "paged" in rows:
+        b = ba.Batch([32768], [32768])
+        ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
+        diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()}, "contiguous")
+        t = paired({n: o.dense for n, o in ours.items()}, args.rounds, 5, "contiguous")
+        contiguous = {n: statistics.median(t[n]) for n in libs}
+        report("paged contiguous", t)
+        print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
+        for page_size, shuffled in [(ps, True) for ps in (1, 8, 16, 32, 64, 100, 128)] + \
+                                   [(ps, False) for ps in (1, 16, 64, 100)]:
+            view = ba.PagedView(b, page_size, gen, shuffled)
+            runs = {n: o.dense_paged(view) for n, o in ours.items()}
+            row = f"paged {page_size} {'shuffled' if shuffled else 'in order'}"
+            diff, finite = check_outputs(b, runs, row)
+            t = paired(runs, args.rounds, 5, row)
+            report(row, t, {n: f"({statistics.median(t[n]) / contiguous[n]:.3f} contig)"
+                            for n in libs})
+            print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
+            del view, runs
     return 0
 
 
