@@ -195,15 +195,17 @@ fp_problem cpu_problem(const Inputs& in, bool wide) {
 
 // A paged layout: pages of page_size keys in shuffled order; with gaps, one poisoned token
 // between pages (the kernel cannot read the pool as one tensor); mostly in order, the pages in
-// order except that about one in four trades places with another (runs of consecutive pages,
-// which the kernel may read as one box, broken at random).
+// order except that some trade places with another (runs of consecutive pages, which the
+// kernel may read as one box, broken at random; make_device).
 struct Paging {
   int page_size = 0;  // 0: contiguous
   bool gaps = false;
   bool mostly_in_order = false;
+  bool alternating = false;  // even requests' pages in order, odd requests' shuffled
   std::string name() const {
     return std::to_string(page_size) + (gaps ? " with gaps" : "") +
-           (mostly_in_order ? " mostly in order" : "");
+           (mostly_in_order ? " mostly in order" : "") +
+           (alternating ? " in order and shuffled by request" : "");
   }
 };
 
@@ -235,16 +237,26 @@ void make_device(const Inputs& in, const Paging& paging, DeviceInputs& dev) {
     return;
   }
   int max_pages = 1, num_pages = 2;  // two spare pages that no request uses
+  int even_pages = 0;                // pages of the even requests
   for (int b = 0; b < B; ++b) {
     const int n = int(flashprefill::ceil_div(g.len_kv[b], page_size));
     max_pages = std::max(max_pages, n + 1);
     num_pages += n;
+    if (b % 2 == 0) even_pages += n;
   }
   std::vector<int32_t> order(num_pages);
   std::iota(order.begin(), order.end(), 0);
-  if (paging.mostly_in_order) {
+  int next_even = 0, next_odd = even_pages;  // alternating: cursors into order
+  if (paging.alternating) {
+    // The even requests take the pool's first pages in order (one run each), the odd ones the
+    // rest shuffled: in one batch, requests with runs and without.
+    std::shuffle(order.begin() + even_pages, order.end(), rng);
+  } else if (paging.mostly_in_order) {
+    // One page in max(4, 256 / page_size) trades places: about every 256 keys at small pages,
+    // so that runs of 128 consecutive keys both occur and break.
+    const uint32_t one_in = uint32_t(std::max(4, 256 / page_size));
     for (int i = 0; i < num_pages; ++i)
-      if (rng() % 4 == 0) std::swap(order[i], order[rng() % num_pages]);
+      if (rng() % one_in == 0) std::swap(order[i], order[rng() % num_pages]);
   } else {
     std::shuffle(order.begin(), order.end(), rng);
   }
@@ -254,7 +266,9 @@ void make_device(const Inputs& in, const Paging& paging, DeviceInputs& dev) {
   int next = 0;
   for (int b = 0; b < B; ++b)
     for (int j = 0; j < g.len_kv[b]; ++j) {
-      if (j % page_size == 0) table[size_t(b) * max_pages + j / page_size] = order[next++];
+      if (j % page_size == 0)
+        table[size_t(b) * max_pages + j / page_size] =
+            order[!paging.alternating ? next++ : b % 2 == 0 ? next_even++ : next_odd++];
       const int32_t page = table[size_t(b) * max_pages + j / page_size];
       const size_t dst = size_t(page) * page_elems + size_t(j % page_size) * Hkv * D;
       const size_t src = size_t(in.cu_k[b] + j) * Hkv * D;
@@ -618,20 +632,25 @@ int main(int argc, char** argv) {
 
   check_geometry(geometry("L1", bf, 128, 4, 1, {1}, {1}), {{1}}, true);
   check_geometry(geometry("L129", hf, 64, 6, 2, {129}, {129}),
-                 {{8}, {16}, {64}, {128}, {64, false, true}}, true);
+                 {{8}, {16}, {64}, {128}, {1, false, true}, {16, false, true}, {64, false, true}},
+                 true);
   if (!small_only) {
     check_geometry(geometry("L63", bf, 128, 8, 2, {63}, {63}), {{16}}, true);
     check_geometry(geometry("L4097 bs256", bf, 128, 8, 2, {4097}, {4097}, 256), {}, true);
     check_geometry(geometry("L4097", hf, 128, 4, 4, {4097}, {4097}), {{64, false, true}}, true);
     check_geometry(geometry("mixed+prefix", bf, 128, 8, 2, {1, 100, 700, 0, 257},
                             {1000, 165, 700, 64, 2000}),
-                   {{1}, {8}, {16}, {32}, {48}, {64}, {64, true}, {64, false, true}, {100}, {128},
-                    {128, false, true}, {192}},
+                   {{1}, {1, false, true}, {1, false, false, true}, {8}, {8, false, true}, {16},
+                    {16, false, false, true}, {32}, {32, false, true}, {48}, {64}, {64, true},
+                    {64, false, true}, {100}, {100, false, true}, {100, false, false, true},
+                    {128}, {128, false, true}, {192}},
                    true);
     check_geometry(geometry("mixed+prefix", hf, 64, 10, 2, {33, 0, 300}, {3000, 5, 301}),
-                   {{1}, {16}, {96}, {100}, {64, false, true}}, true);
+                   {{1}, {16}, {16, false, true}, {96}, {100}, {64, false, true}}, true);
     check_geometry(geometry("chunked", bf, 128, 8, 2, {256, 300}, {8192, 5000}),
-                   {{16}, {32}, {16, true}, {256}, {64, false, true}}, true);
+                   {{1, false, true}, {1, false, false, true}, {16}, {16, false, true}, {32},
+                    {16, true}, {256}, {64, false, true}},
+                   true);
     Geometry big = geometry("L100003", bf, 64, 2, 1, {100003}, {100003});
     big.cpu_dense = false;
     check_geometry(big, {}, false);

@@ -208,37 +208,40 @@ fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
 // then one (D, Hkv, num_pages * page_size) tensor) and hold a multiple of 16 keys: a tile then
 // comes in boxes of gcd(page_size, 64) rows, each inside one page and a whole number of 8-row
 // swizzle atoms (one box per tile for pages of a multiple of 64 keys). Other paged KV, and
-// tensors too long for 32-bit TMA coordinates, go through cp.async and the page table.
+// tensors too long for 32-bit TMA coordinates, go through cp.async and the page table. Any pool
+// whose pages lie back to back also gets the pair maps: with whole-tile boxes the kernel finds
+// consecutive pairs through the page table itself, otherwise through the run table (tma_runs).
 fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   a.tma = false;
   a.tma_pair = false;
+  a.tma_runs = false;
   a.tma_box_rows = kKvTile;
   const bool paged = p.kv_layout == FP_KV_PAGED;
-  if (paged) {
-    a.tma_box_rows = attention::paged_tma_box_rows(p);
-    if (a.tma_box_rows == 0) return FP_OK;
-  }
+  if (paged && !attention::paged_pool_back_to_back(p)) return FP_OK;
   const int64_t rows = paged ? int64_t(p.num_pages) * p.page_size : p.total_k;
   if (rows <= 0 || rows > INT32_MAX - kKvTile) return FP_OK;
-  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, rows, a.tma_box_rows, p.k_stride_token,
-                                  p.k_stride_head, "K");
-      s != FP_OK)
-    return s;
-  if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, rows, a.tma_box_rows, p.v_stride_token,
-                                  p.v_stride_head, "V");
-      s != FP_OK)
-    return s;
-  a.tma = true;
+  if (paged) a.tma_box_rows = attention::paged_tma_box_rows(p);  // 0: no boxes per tile
+  if (a.tma_box_rows > 0) {
+    if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, rows, a.tma_box_rows, p.k_stride_token,
+                                    p.k_stride_head, "K");
+        s != FP_OK)
+      return s;
+    if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, rows, a.tma_box_rows, p.v_stride_token,
+                                    p.v_stride_head, "V");
+        s != FP_OK)
+      return s;
+    a.tma = true;
+  }
   // The pair maps only save TMA instructions: should a layout that the maps above accept be
   // refused in this dimension order, the 64 x 64 boxes load every tile (same results) and the
-  // call reports no error. Paged (whole-tile boxes only), the kernel pairs two tiles only where
-  // their rows lie back to back in the pool: inside one page, or in consecutive pages.
-  if (paged && a.tma_box_rows != kKvTile) return FP_OK;
+  // call reports no error. Paged, the kernel pairs two tiles only where their rows lie back to
+  // back in the pool: inside one page, or in consecutive pages.
   a.tma_pair = encode_kv_pair_map(&a.tma_k_pair, p.k, p, rows, p.k_stride_token, p.k_stride_head,
                                   "K") == FP_OK &&
                encode_kv_pair_map(&a.tma_v_pair, p.v, p, rows, p.v_stride_token, p.v_stride_head,
                                   "V") == FP_OK;
   if (!a.tma_pair) clear_error();
+  a.tma_runs = paged && a.tma_pair && a.tma_box_rows != kKvTile;
   return FP_OK;
 }
 
@@ -298,7 +301,14 @@ cudaError_t launch_kernel(const AttentionParams& a, bool bf16, int head_dim, cud
               : launch_attention<cutlass::half_t, 64, kPaged>(a, stream);
 }
 
-// Workspace: [scheduler] [split partials: O, LSE] [converted k means] [converted v means].
+// Bytes of the run table (paged KV; params.hpp pair_rows).
+size_t pair_rows_bytes(const fp_problem& p) {
+  const int32_t pairs = attention::paged_max_pairs(p);
+  return pairs > 0 ? align_up(sizeof(int32_t) * size_t(p.batch_size) * size_t(1 + pairs)) : 0;
+}
+
+// Workspace: [scheduler] [run table] [split partials: O, LSE] [converted k means] [converted v
+// means].
 fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_t mean_bytes) {
   const fp_problem& p = *info.p;
   if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
@@ -323,7 +333,9 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
   }
   const PartialBytes bytes = partial_bytes(info, a.num_splits);
   char* const sched = static_cast<char*>(workspace);
-  char* ws = sched + align_up(attention::schedule_bytes(p.batch_size));
+  int32_t* const pair_rows =
+      reinterpret_cast<int32_t*>(sched + align_up(attention::schedule_bytes(p.batch_size)));
+  char* ws = reinterpret_cast<char*>(pair_rows) + pair_rows_bytes(p);
   if (a.num_splits > 1) {
     a.o_partial = reinterpret_cast<float*>(ws);
     a.lse_partial = reinterpret_cast<float*>(ws + bytes.o);
@@ -346,6 +358,14 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
   }
   if (const cudaError_t e = attention::launch_prepare_schedule(a, sched, stream); e != cudaSuccess)
     return fail(FP_ERROR_CUDA, std::string("scheduler preparation failed: ") + cudaGetErrorString(e));
+  a.max_pairs = attention::paged_max_pairs(p);
+  a.tma_runs = a.tma_runs && a.max_pairs > 0;
+  if (a.tma_runs) {
+    a.pair_rows = pair_rows;
+    if (const cudaError_t e = attention::launch_pair_rows(a, pair_rows, stream); e != cudaSuccess)
+      return fail(FP_ERROR_CUDA,
+                  std::string("run table preparation failed: ") + cudaGetErrorString(e));
+  }
   const bool bf16 = p.dtype == FP_BFLOAT16;
   cudaError_t err = a.paged ? launch_kernel<true>(a, bf16, p.head_dim, stream)
                             : launch_kernel<false>(a, bf16, p.head_dim, stream);
@@ -362,8 +382,8 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
 
 size_t attention_workspace(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
   const PartialBytes bytes = partial_bytes(info, num_splits(info));
-  return align_up(attention::schedule_bytes(info.p->batch_size)) + bytes.o + bytes.lse +
-         2 * lowp_mean_bytes(info, config, sparse);
+  return align_up(attention::schedule_bytes(info.p->batch_size)) + pair_rows_bytes(*info.p) +
+         bytes.o + bytes.lse + 2 * lowp_mean_bytes(info, config, sparse);
 }
 
 fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,

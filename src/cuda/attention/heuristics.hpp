@@ -24,11 +24,19 @@ inline constexpr int kTmaMinBoxRows = 16;
 // 64) when the pages lie back to back (page stride = page_size token strides, K and V), so that
 // the pool is one (D, Hkv, num_pages * page_size) tensor, and that gcd is at least
 // kTmaMinBoxRows; 0 when the pool goes through cp.async and the page table.
+inline bool paged_pool_back_to_back(const fp_problem& p) {
+  return p.k_stride_page == int64_t(p.page_size) * p.k_stride_token &&
+         p.v_stride_page == int64_t(p.page_size) * p.v_stride_token;
+}
 inline int32_t paged_tma_box_rows(const fp_problem& p) {
   const int32_t rows = std::gcd(p.page_size, kKvTile);
-  const bool back_to_back = p.k_stride_page == int64_t(p.page_size) * p.k_stride_token &&
-                            p.v_stride_page == int64_t(p.page_size) * p.v_stride_token;
-  return rows >= kTmaMinBoxRows && back_to_back ? rows : 0;
+  return rows >= kTmaMinBoxRows && paged_pool_back_to_back(p) ? rows : 0;
+}
+
+// Entries of the run table (AttentionParams::pair_rows) per request: one per 128 keys.
+inline int32_t paged_max_pairs(const fp_problem& p) {
+  return p.kv_layout == FP_KV_PAGED ? int32_t((p.max_seqlen_k + 2 * kKvTile - 1) / (2 * kKvTile))
+                                    : 0;
 }
 
 inline constexpr int64_t kElementBytes = 2;  // bf16 / fp16 operands

@@ -149,6 +149,16 @@ struct Mainloop {
       }
     };
 
+    // Paged pools with the run table (p.tma_runs): two adjacent tiles from an even one whose
+    // 128 keys lie back to back in the pool come in one pair box, whatever the page size. The
+    // stages read the table only when the request has such a pair at all (entry 0): read for
+    // every stage, it cost shuffled pools that never pair 2-4 %.
+    // (A flag, not a pointer to the request's row: one register fewer, and the producer's
+    // whole-tile path then spills nothing.)
+    bool request_runs = false;
+    if constexpr (Traits::kPaged)
+      request_runs = p.tma_runs && p.pair_rows[int64_t(w.b) * (1 + p.max_pairs)] != 0;
+
     Stage stage = sequence.next(p);
     bool first = true;
     do {
@@ -169,7 +179,23 @@ struct Mainloop {
       uint64_t* bar = &ss.kv_loaded[cur.index];
       StageInfo info{stage.tile0, stage.tile1, stage.first_block, stage.kind,
                      following.kind == StageKind::kEnd, false};
-      if (stage.kind == StageKind::kExactTiles) {
+      int32_t run_row = -1;
+      if constexpr (Traits::kPaged) {
+        if (request_runs && stage.kind == StageKind::kExactTiles && stage.tile1 >= 0) {
+          const int32_t lo = stage.tile0 < stage.tile1 ? stage.tile0 : stage.tile1;
+          if (stage.tile0 + stage.tile1 == 2 * lo + 1 && lo % 2 == 0)
+            run_row = p.pair_rows[int64_t(w.b) * (1 + p.max_pairs) + 1 + lo / 2];
+        }
+      }
+      if (run_row >= 0) {
+        info.tile0 = info.tile0 < info.tile1 ? info.tile0 : info.tile1;
+        info.tile1 = info.tile0 + 1;
+        if (thread == 0) {
+          ss.stage_info[cur.index] = info;
+          TxBarrier::arrive_and_expect_tx(bar, 2 * Traits::kTileTmaBytes);
+          loader.tma_kv_pair(sK, sVt, run_row, cur.index, bar);
+        }
+      } else if (stage.kind == StageKind::kExactTiles) {
         // Full tiles come by TMA where the maps cover the KV (thread 0 expects their bytes and,
         // for contiguous KV, issues them); the rest by cp.async. A stage with one tile leaves its
         // upper half as it was: the consumers mask those columns of S and skip them in P V.

@@ -26,6 +26,16 @@ struct AttentionParams {
   // back to back in the pool: in one page or in consecutive pages).
   CUtensorMap tma_k_pair{}, tma_v_pair{};
   bool tma_pair = false;
+  // Paged pools whose pages lie back to back but do not come in whole-tile boxes (pages of fewer
+  // than 64 keys, or not a multiple of 64): the run table, filled per call (schedule_prep.cu), has
+  // one row of 1 + max_pairs entries per request b at pair_rows + b * (1 + max_pairs). Entry
+  // 1 + q holds the pool row of key 128 q when keys [128 q, 128 q + 128) are all in the request
+  // and lie back to back in the pool, else -1; such a pair of tiles then comes in one box of the
+  // pair maps whatever the page size (tma_runs). Entry 0 is 1 when the request has any such
+  // pair, else 0: the kernel reads the other entries only then.
+  const int32_t* pair_rows = nullptr;
+  int32_t max_pairs = 0;
+  bool tma_runs = false;
   // Mean correction: the surrogate keys rho(k_mean), rho(v_mean) converted into the workspace
   // (means.cu), as 3-D tensors (64, batch * Hkv * max_blocks, D / 64) in 64 x 128 x D/64 boxes.
   CUtensorMap tma_k_mean{}, tma_v_mean{};

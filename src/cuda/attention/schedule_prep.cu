@@ -1,4 +1,5 @@
 // The scheduler's per-call preparation: one CTA scans the requests' query-tile counts.
+#include "core/paged_runs.hpp"
 #include "core/work_order.hpp"
 #include "cuda/attention/schedule_prep.hpp"
 
@@ -44,7 +45,33 @@ __global__ void __launch_bounds__(kThreads) prepare_schedule_kernel(const Attent
   }
 }
 
+constexpr int kPairThreads = 256;
+
+// One CTA per request, one thread per 128 keys at a time: entry 1 + q is the pool row of key
+// 128 q when all 128 keys from there are in the request and each lies one row after the one
+// before (checked once per page the pair touches), else -1; entry 0 says whether any is not -1.
+__global__ void __launch_bounds__(kPairThreads) pair_rows_kernel(const AttentionParams p,
+                                                                 int32_t* pair_rows) {
+  const int32_t b = int32_t(blockIdx.x);
+  int32_t* const row = pair_rows + int64_t(b) * (1 + p.max_pairs);
+  const int32_t* const pages = p.page_table + int64_t(b) * p.max_pages_per_seq;
+  const int32_t len = p.seqlens_k[b];
+  int any = 0;
+  for (int32_t q = int32_t(threadIdx.x); q < p.max_pairs; q += kPairThreads) {
+    const int32_t run = pair_run_row(pages, p.page_size, q * kPairKeys, len);
+    row[1 + q] = run;
+    any |= run >= 0;
+  }
+  any = __syncthreads_or(any);
+  if (threadIdx.x == 0) row[0] = any;
+}
+
 }  // namespace
+
+cudaError_t launch_pair_rows(const AttentionParams& p, int32_t* pair_rows, cudaStream_t stream) {
+  pair_rows_kernel<<<unsigned(p.batch), kPairThreads, 0, stream>>>(p, pair_rows);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_prepare_schedule(AttentionParams& p, void* workspace, cudaStream_t stream) {
   p.work_counter = static_cast<int32_t*>(workspace);

@@ -15,4 +15,7 @@ inline size_t schedule_bytes(int32_t batch) { return sizeof(int32_t) * (size_t(b
 // them on `stream`.
 cudaError_t launch_prepare_schedule(AttentionParams& p, void* workspace, cudaStream_t stream);
 
+// Fills the run table p.pair_rows (p.tma_runs; params.hpp) from the page table on `stream`.
+cudaError_t launch_pair_rows(const AttentionParams& p, int32_t* pair_rows, cudaStream_t stream);
+
 }  // namespace flashprefill::cuda::attention
