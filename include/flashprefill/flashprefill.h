@@ -101,7 +101,9 @@ typedef struct fp_problem {
   int32_t page_size;           /* any value >= 1. On CUDA, pages of a multiple of 16 keys whose
                                   page stride is page_size token strides (pages back to back)
                                   are read by TMA (fastest at multiples of 128 keys, or of 64
-                                  with consecutive pages); other paged layouts by cp.async
+                                  with consecutive pages); other paged layouts by cp.async.
+                                  With pages back to back, any 128 keys of a request that lie
+                                  in consecutive pool rows come in one TMA box at any page size
                                   (docs/PERF.md) */
   const int32_t* page_table;   /* [B, max_pages_per_seq], entries in [0, num_pages) */
   int32_t max_pages_per_seq;
