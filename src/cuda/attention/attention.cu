@@ -291,14 +291,14 @@ int64_t max_items(const ProblemInfo& info, int32_t splits) {
 }
 
 // The attention kernel of this dtype, head dimension (128 or 64) and KV layout.
-template <bool kPaged>
+template <attention::KvLayout kLayout>
 cudaError_t launch_kernel(const AttentionParams& a, bool bf16, int head_dim, cudaStream_t stream) {
   using attention::launch_attention;
   if (head_dim == 128)
-    return bf16 ? launch_attention<cutlass::bfloat16_t, 128, kPaged>(a, stream)
-                : launch_attention<cutlass::half_t, 128, kPaged>(a, stream);
-  return bf16 ? launch_attention<cutlass::bfloat16_t, 64, kPaged>(a, stream)
-              : launch_attention<cutlass::half_t, 64, kPaged>(a, stream);
+    return bf16 ? launch_attention<cutlass::bfloat16_t, 128, kLayout>(a, stream)
+                : launch_attention<cutlass::half_t, 128, kLayout>(a, stream);
+  return bf16 ? launch_attention<cutlass::bfloat16_t, 64, kLayout>(a, stream)
+              : launch_attention<cutlass::half_t, 64, kLayout>(a, stream);
 }
 
 // Bytes of the run table (paged KV; params.hpp pair_rows).
@@ -367,8 +367,10 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
                   std::string("run table preparation failed: ") + cudaGetErrorString(e));
   }
   const bool bf16 = p.dtype == FP_BFLOAT16;
-  cudaError_t err = a.paged ? launch_kernel<true>(a, bf16, p.head_dim, stream)
-                            : launch_kernel<false>(a, bf16, p.head_dim, stream);
+  using attention::KvLayout;
+  cudaError_t err = !a.paged     ? launch_kernel<KvLayout::kContiguous>(a, bf16, p.head_dim, stream)
+                    : a.tma_runs ? launch_kernel<KvLayout::kPagedRuns>(a, bf16, p.head_dim, stream)
+                                 : launch_kernel<KvLayout::kPaged>(a, bf16, p.head_dim, stream);
   if (err == cudaSuccess && a.num_splits > 1) {
     attention::launch_combine(a, p.dtype, p.head_dim, stream);
     err = cudaGetLastError();

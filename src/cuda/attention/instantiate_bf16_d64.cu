@@ -2,6 +2,6 @@
 #include "cuda/attention/launch.cuh"
 
 namespace flashprefill::cuda::attention {
-template cudaError_t launch_attention<cutlass::bfloat16_t, 64, false>(const AttentionParams&,
-                                                                      cudaStream_t);
+template cudaError_t launch_attention<cutlass::bfloat16_t, 64, KvLayout::kContiguous>(
+    const AttentionParams&, cudaStream_t);
 }  // namespace flashprefill::cuda::attention

@@ -2,6 +2,6 @@
 #include "cuda/attention/launch.cuh"
 
 namespace flashprefill::cuda::attention {
-template cudaError_t launch_attention<cutlass::half_t, 128, false>(const AttentionParams&,
-                                                                   cudaStream_t);
+template cudaError_t launch_attention<cutlass::half_t, 128, KvLayout::kContiguous>(
+    const AttentionParams&, cudaStream_t);
 }  // namespace flashprefill::cuda::attention

@@ -16,13 +16,14 @@ namespace flashprefill::cuda::attention {
 
 using namespace cute;
 
-// kPaged_: K and V in a paged cache (params' paged); a kernel of its own, so that the page-table
-// code costs the contiguous kernel nothing (one shared kernel ran contiguous KV about 1 % slower).
-template <class Element_, int kHeadDim_, bool kPaged_>
+// kLayout: contiguous KV, a paged cache (params' paged), or a paged cache with the run table
+// (params' tma_runs); a kernel each (params.hpp KvLayout).
+template <class Element_, int kHeadDim_, KvLayout kLayout>
 struct KernelTraits {
   using Element = Element_;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr bool kPaged = kPaged_;
+  static constexpr bool kPaged = kLayout != KvLayout::kContiguous;
+  static constexpr bool kRuns = kLayout == KvLayout::kPagedRuns;
   static constexpr int kBlockM = kTileRows;   // PackGQA rows per query tile
   static constexpr int kTilesPerStage = 2;
   static constexpr int kBlockN = kTilesPerStage * kKvTile;  // keys per stage

@@ -6,9 +6,9 @@
 
 namespace flashprefill::cuda::attention {
 
-template <class Element, int kHeadDim, bool kPaged>
+template <class Element, int kHeadDim, KvLayout kLayout>
 cudaError_t launch_attention(const AttentionParams& p, cudaStream_t stream) {
-  using Traits = KernelTraits<Element, kHeadDim, kPaged>;
+  using Traits = KernelTraits<Element, kHeadDim, kLayout>;
   auto* kernel = &attention_kernel<Traits>;
   static const cudaError_t attribute = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);

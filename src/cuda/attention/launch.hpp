@@ -7,7 +7,7 @@
 
 namespace flashprefill::cuda::attention {
 
-template <class Element, int kHeadDim, bool kPaged>
+template <class Element, int kHeadDim, KvLayout kLayout>
 cudaError_t launch_attention(const AttentionParams& p, cudaStream_t stream);
 
 }  // namespace flashprefill::cuda::attention

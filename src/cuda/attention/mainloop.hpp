@@ -156,7 +156,7 @@ struct Mainloop {
     // (A flag, not a pointer to the request's row: one register fewer, and the producer's
     // whole-tile path then spills nothing.)
     bool request_runs = false;
-    if constexpr (Traits::kPaged)
+    if constexpr (Traits::kRuns)
       request_runs = p.tma_runs && p.pair_rows[int64_t(w.b) * (1 + p.max_pairs)] != 0;
 
     Stage stage = sequence.next(p);
@@ -180,7 +180,7 @@ struct Mainloop {
       StageInfo info{stage.tile0, stage.tile1, stage.first_block, stage.kind,
                      following.kind == StageKind::kEnd, false};
       int32_t run_row = -1;
-      if constexpr (Traits::kPaged) {
+      if constexpr (Traits::kRuns) {
         if (request_runs && stage.kind == StageKind::kExactTiles && stage.tile1 >= 0) {
           const int32_t lo = stage.tile0 < stage.tile1 ? stage.tile0 : stage.tile1;
           if (stage.tile0 + stage.tile1 == 2 * lo + 1 && lo % 2 == 0)

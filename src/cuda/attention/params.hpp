@@ -10,6 +10,12 @@
 
 namespace flashprefill::cuda::attention {
 
+// The KV layout a kernel is compiled for: contiguous, paged, or paged with the run table
+// (AttentionParams::tma_runs). Each is a kernel of its own, so that one layout's code costs the
+// others nothing: one kernel for contiguous and paged KV ran contiguous KV about 1 % slower, and
+// the run table's code ran pools that do not use it (pages of 64 and 128 keys) 1.5-2.7 % slower.
+enum class KvLayout : int { kContiguous, kPaged, kPagedRuns };
+
 struct AttentionParams {
   // TMA descriptors of K and V as 3-D tensors (D, Hkv, rows) with 64 x 1 x tma_box_rows boxes and
   // the 128-byte swizzle of the shared-memory stages (encoded by attention.cu). Contiguous KV:

@@ -1,0 +1,7 @@
+// Explicit instantiation: bf16, head dim 128, paged KV with the run table.
+#include "cuda/attention/launch.cuh"
+
+namespace flashprefill::cuda::attention {
+template cudaError_t launch_attention<cutlass::bfloat16_t, 128, KvLayout::kPagedRuns>(
+    const AttentionParams&, cudaStream_t);
+}  // namespace flashprefill::cuda::attention
