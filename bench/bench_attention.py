@@ -27,7 +27,9 @@ Rows:
           100, 128, pages in shuffled order; 1, 16, 64 and 100 also in order) against the contiguous
           layout in the same process, with the two outputs' largest difference and relative L2
           distance (not bit-identical: the cp.async path keeps a stage's two tiles in traversal
-          order, the TMA path lower first).
+          order, the TMA path lower first). Then sparse mode on one random 10 % block mask, with
+          and without correction, on pages of 16 keys (shuffled, in order) and 128 (shuffled),
+          against the contiguous layout on the same mask (row=paged_sparse).
 
 Usage: python3 bench/bench_attention.py [--lib build/libflashprefill.so] [--json out.json]
 """
@@ -175,6 +177,18 @@ class Ours:
             self.lib.check(self.lib.lib.fp_dense_attention(
                 ctypes.byref(view.problem), ctypes.byref(self.b.output),
                 ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel())))
+        return run
+
+    def sparse_paged(self, view):
+        """Sparse mode (the index of the last use_block_mask) on a PagedView of the batch."""
+        ws = self._alloc(self.lib.size(self.lib.lib.fp_sparse_attention_workspace_size,
+                                       ctypes.byref(view.problem), ctypes.byref(self.config)))
+
+        def run():
+            self.lib.check(self.lib.lib.fp_sparse_attention(
+                ctypes.byref(view.problem), ctypes.byref(self.config), ctypes.byref(self.index),
+                ctypes.byref(self.b.output), ctypes.c_void_p(ws.data_ptr()),
+                ctypes.c_size_t(ws.numel())))
         return run
 
     def sizes(self, config):
@@ -451,6 +465,26 @@ def run_group(group, args, lib, gen, report, dense_ms):
                         finite=bool(torch.isfinite(out).all()),
                         clock_mhz=common.last_clock_mhz, contiguous_clock_mhz=clock_contiguous))
             del view
+        # Sparse mode on paged caches: one random 10 % block mask, with and without correction,
+        # against the contiguous layout on the same mask.
+        mask = random_block_mask(L, 0.1, gen)
+        for corr in (0, 1):
+            density = ours.use_block_mask(mask, corr)
+            contiguous_out = b.poisoned_run(ours.sparse)
+            t_contiguous = median_ms(ours.sparse)
+            for page_size, shuffled in ((16, True), (16, False), (128, True)):
+                view = PagedView(b, page_size, gen, shuffled)
+                run = ours.sparse_paged(view)
+                out = b.poisoned_run(run)
+                t = median_ms(run)
+                report(dict(row="paged_sparse", L=L, density=density, correction=corr,
+                            page_size=page_size, pages="shuffled" if shuffled else "in_order",
+                            ours_ms=t, contiguous_ms=t_contiguous,
+                            paged_vs_contiguous=t / t_contiguous,
+                            relerr_vs_contiguous=rel_err(out, contiguous_out),
+                            finite=bool(torch.isfinite(out).all()),
+                            clock_mhz=common.last_clock_mhz))
+                del view
         del b, ours
         torch.cuda.empty_cache()
     if group == "dense":
