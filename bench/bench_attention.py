@@ -24,7 +24,8 @@ Rows:
           2048 / 64K), dense, with the heuristic's KV splits and with splitting forced off, vs the
           same bottom-right baselines.
   paged   L = --paged-length, dense: the same K/V in a paged cache (page sizes 1, 8, 16, 32, 64,
-          100, 128, pages in shuffled order; 1, 16, 64 and 100 also in order) against the contiguous
+          100, 128, pages in shuffled order; 1, 16, 64 and 100 also in order; 1 and 16 also in runs
+          of 1024 keys, the runs shuffled: page_permutation) against the contiguous
           layout in the same process, with the two outputs' largest difference and relative L2
           distance (not bit-identical: the cp.async path keeps a stage's two tiles in traversal
           order, the TMA path lower first). Then sparse mode on one random 10 % block mask, with
@@ -116,17 +117,45 @@ class Batch:
         self.problem.stream = torch.cuda.current_stream().cuda_stream
 
 
-class PagedView:
-    """A one-request Batch's K/V copied into a paged cache of page_size rows, its pages in shuffled
-    order (or, shuffled=False, in order: page j at physical page j), with the page table and the
-    problem that reads it; q and the output are the batch's."""
+PAGE_ORDERS = ("shuffled", "in_order", "runs")
+RUN_KEYS = 1024  # order "runs": keys per run of consecutive pages
 
-    def __init__(self, batch, page_size, gen, shuffled=True):
+
+def page_permutation(n, page_size, order, gen):
+    """Physical page of each of a request's n logical pages. "shuffled": a random permutation;
+    "in_order": page j at physical page j; "runs": the request's pages in runs of RUN_KEYS keys
+    (the first run shorter by a random offset, so that run boundaries fall inside pairs of tiles),
+    each run's pages consecutive in the pool, the runs in shuffled order: a pool fragmented the
+    way an allocator that hands out free ranges leaves it."""
+    if order == "shuffled":
+        return torch.randperm(n, generator=gen, device="cuda")
+    if order == "in_order":
+        return torch.arange(n, device="cuda")
+    assert order == "runs", order
+    per_run = max(1, RUN_KEYS // page_size)
+    first = int(torch.randint(1, per_run + 1, (1,), generator=gen, device="cuda"))
+    bounds = [0] + list(range(first, n, per_run)) + [n]
+    runs = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    placement = torch.randperm(len(runs), generator=gen, device="cuda").tolist()
+    perm = torch.empty(n, dtype=torch.int64)
+    start = 0
+    for i in placement:  # runs laid out in the pool in shuffled order
+        a, b = runs[i]
+        perm[a:b] = torch.arange(start, start + b - a)
+        start += b - a
+    return perm.to("cuda")
+
+
+class PagedView:
+    """A one-request Batch's K/V copied into a paged cache of page_size rows, its pages placed in
+    `order` (page_permutation), with the page table and the problem that reads it; q and the
+    output are the batch's."""
+
+    def __init__(self, batch, page_size, gen, order="shuffled"):
         assert len(batch.len_kv) == 1, "one request"
         L = batch.len_kv[0]
         n = math.ceil(L / page_size)
-        perm = (torch.randperm(n, generator=gen, device="cuda") if shuffled
-                else torch.arange(n, device="cuda"))
+        perm = page_permutation(n, page_size, order, gen)
         self.page_table = perm.to(torch.int32).contiguous()
         self.seqlens_k = torch.tensor([L], dtype=torch.int32, device="cuda")
         pools = []
@@ -442,6 +471,11 @@ def main():
     return 0
 
 
+# The paged group's dense rows: (page size, page order).
+PAGED_ROWS = [(ps, "shuffled") for ps in (1, 8, 16, 32, 64, 100, 128)] + \
+             [(ps, "in_order") for ps in (1, 16, 64, 100)] + [(ps, "runs") for ps in (1, 16)]
+
+
 def run_group(group, args, lib, gen, report, dense_ms):
     if group == "paged":
         L = args.paged_length
@@ -450,15 +484,13 @@ def run_group(group, args, lib, gen, report, dense_ms):
         contiguous_out = b.poisoned_run(ours.dense)
         t_contiguous = median_ms(ours.dense)
         clock_contiguous = common.last_clock_mhz
-        for page_size, shuffled in [(ps, True) for ps in (1, 8, 16, 32, 64, 100, 128)] + \
-                                   [(ps, False) for ps in (1, 16, 64, 100)]:
-            view = PagedView(b, page_size, gen, shuffled)
+        for page_size, order in PAGED_ROWS:
+            view = PagedView(b, page_size, gen, order)
             run = ours.dense_paged(view)
             out = b.poisoned_run(run)
             maxdiff = (out.float() - contiguous_out.float()).abs().max().item()
             t = median_ms(run)
-            report(dict(row="paged", L=L, page_size=page_size,
-                        pages="shuffled" if shuffled else "in_order", ours_ms=t,
+            report(dict(row="paged", L=L, page_size=page_size, pages=order, ours_ms=t,
                         ours_tflops=tflops(b, t),
                         contiguous_ms=t_contiguous, paged_vs_contiguous=t / t_contiguous,
                         maxdiff_vs_contiguous=maxdiff, relerr_vs_contiguous=rel_err(out, contiguous_out),
@@ -472,13 +504,13 @@ def run_group(group, args, lib, gen, report, dense_ms):
             density = ours.use_block_mask(mask, corr)
             contiguous_out = b.poisoned_run(ours.sparse)
             t_contiguous = median_ms(ours.sparse)
-            for page_size, shuffled in ((16, True), (16, False), (128, True)):
-                view = PagedView(b, page_size, gen, shuffled)
+            for page_size, order in ((16, "shuffled"), (16, "in_order"), (128, "shuffled")):
+                view = PagedView(b, page_size, gen, order)
                 run = ours.sparse_paged(view)
                 out = b.poisoned_run(run)
                 t = median_ms(run)
                 report(dict(row="paged_sparse", L=L, density=density, correction=corr,
-                            page_size=page_size, pages="shuffled" if shuffled else "in_order",
+                            page_size=page_size, pages=order,
                             ours_ms=t, contiguous_ms=t_contiguous,
                             paged_vs_contiguous=t / t_contiguous,
                             relerr_vs_contiguous=rel_err(out, contiguous_out),

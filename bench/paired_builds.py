@@ -19,7 +19,8 @@ Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128 or --head-dim 64, ca
   sparse128k  L = 128K, random block masks at rho 5 % and 1.5 % (the demo's density at 128K),
           with and without mean correction.
   paged   dense L = 32K on paged caches (bench_attention.PagedView, every build on the same
-          pool): pages of 1, 8, 16, 32, 64, 100, 128 keys shuffled, of 1, 16, 64, 100 in order;
+          pool): bench_attention.PAGED_ROWS (pages of 1-128 keys shuffled, some in order or in
+          runs of 1024 keys);
           the contiguous row first, with each build's paged / contiguous time.
 
 A build's single step (one timing, one checked run) that runs past --hang-s seconds (60) ends
@@ -167,11 +168,10 @@ def main():
         contiguous = {n: statistics.median(t[n]) for n in libs}
         report("paged contiguous", t)
         print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
-        for page_size, shuffled in [(ps, True) for ps in (1, 8, 16, 32, 64, 100, 128)] + \
-                                   [(ps, False) for ps in (1, 16, 64, 100)]:
-            view = ba.PagedView(b, page_size, gen, shuffled)
+        for page_size, order in ba.PAGED_ROWS:
+            view = ba.PagedView(b, page_size, gen, order)
             runs = {n: o.dense_paged(view) for n, o in ours.items()}
-            row = f"paged {page_size} {'shuffled' if shuffled else 'in order'}"
+            row = f"paged {page_size} {order}"
             diff, finite = check_outputs(b, runs, row)
             t = paired(runs, args.rounds, 5, row)
             report(row, t, {n: f"({statistics.median(t[n]) / contiguous[n]:.3f} contig)"
