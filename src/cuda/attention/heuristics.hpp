@@ -20,14 +20,17 @@ namespace flashprefill::cuda::attention {
 // 1.92x), so TMA starts at 16.
 inline constexpr int kTmaMinBoxRows = 16;
 
-// Rows per TMA box of a paged K/V pool (p.kv_layout == FP_KV_PAGED, validated): gcd(page_size,
-// 64) when the pages lie back to back (page stride = page_size token strides, K and V), so that
-// the pool is one (D, Hkv, num_pages * page_size) tensor, and that gcd is at least
-// kTmaMinBoxRows; 0 when the pool goes through cp.async and the page table.
+// Whether a paged K/V pool's pages lie back to back (page stride = page_size token strides, K
+// and V), so that the pool is one (D, Hkv, num_pages * page_size) tensor.
 inline bool paged_pool_back_to_back(const fp_problem& p) {
   return p.k_stride_page == int64_t(p.page_size) * p.k_stride_token &&
          p.v_stride_page == int64_t(p.page_size) * p.v_stride_token;
 }
+
+// Rows per TMA box of a paged K/V pool (p.kv_layout == FP_KV_PAGED, validated): gcd(page_size,
+// 64) when the pages lie back to back and that gcd is at least kTmaMinBoxRows; 0 when the pool's
+// tiles go through cp.async and the page table (back-to-back pools may still read runs of 128
+// keys by TMA: params.hpp tma_runs).
 inline int32_t paged_tma_box_rows(const fp_problem& p) {
   const int32_t rows = std::gcd(p.page_size, kKvTile);
   return rows >= kTmaMinBoxRows && paged_pool_back_to_back(p) ? rows : 0;
