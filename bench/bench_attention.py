@@ -30,7 +30,9 @@ Rows:
           distance (not bit-identical: the cp.async path keeps a stage's two tiles in traversal
           order, the TMA path lower first). Then sparse mode on one random 10 % block mask, with
           and without correction, on pages of 16 keys (shuffled, in order) and 128 (shuffled),
-          against the contiguous layout on the same mask (row=paged_sparse).
+          against the contiguous layout on the same mask (row=paged_sparse). Then chunked
+          prefill (128 / 32K, 512 / 128K, 2048 / 64K, as in chunk) on pages of 16 and 1 keys
+          (PAGED_CHUNK_ROWS) against the contiguous layout (row=paged_chunk).
 
 Usage: python3 bench/bench_attention.py [--lib build/libflashprefill.so] [--json out.json]
 """
@@ -474,6 +476,8 @@ def main():
 # The paged group's dense rows: (page size, page order).
 PAGED_ROWS = [(ps, "shuffled") for ps in (1, 8, 16, 32, 64, 100, 128)] + \
              [(ps, "in_order") for ps in (1, 16, 64, 100)] + [(ps, "runs") for ps in (1, 16)]
+# Its chunked-prefill rows.
+PAGED_CHUNK_ROWS = [(16, "shuffled"), (16, "runs"), (16, "in_order"), (1, "shuffled"), (1, "runs")]
 
 
 def run_group(group, args, lib, gen, report, dense_ms):
@@ -519,6 +523,27 @@ def run_group(group, args, lib, gen, report, dense_ms):
                 del view
         del b, ours
         torch.cuda.empty_cache()
+        # Chunked prefill on paged caches (the serving case: a new chunk against its cached
+        # prefix, KV splits by the heuristic), against the contiguous layout.
+        for lq, lkv in ((128, 32768), (512, 131072), (2048, 65536)):
+            b = Batch([lq], [lkv])
+            ours = Ours(lib, b)
+            contiguous_out = b.poisoned_run(ours.dense)
+            t_contiguous = median_ms(ours.dense)
+            for page_size, order in PAGED_CHUNK_ROWS:
+                view = PagedView(b, page_size, gen, order)
+                run = ours.dense_paged(view)
+                out = b.poisoned_run(run)
+                t = median_ms(run)
+                report(dict(row="paged_chunk", len_q=lq, len_kv=lkv, page_size=page_size,
+                            pages=order, ours_ms=t, contiguous_ms=t_contiguous,
+                            paged_vs_contiguous=t / t_contiguous,
+                            relerr_vs_contiguous=rel_err(out, contiguous_out),
+                            finite=bool(torch.isfinite(out).all()),
+                            clock_mhz=common.last_clock_mhz))
+                del view
+            del b, ours
+            torch.cuda.empty_cache()
     if group == "dense":
         for L in [int(x) for x in args.dense_lengths.split(",")]:
             b = Batch([L], [L])
