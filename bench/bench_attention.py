@@ -480,6 +480,20 @@ PAGED_ROWS = [(ps, "shuffled") for ps in (1, 8, 16, 32, 64, 100, 128)] + \
 PAGED_CHUNK_ROWS = [(16, "shuffled"), (16, "runs"), (16, "in_order"), (1, "shuffled"), (1, "runs")]
 
 
+def paged_fields(b, make_run, page_size, order, gen, contiguous_out, t_contiguous):
+    """Times make_run(view) on a PagedView of batch b in `order` against the contiguous layout
+    (its output and time): the row's paged fields, in the order the paged rows print them."""
+    view = PagedView(b, page_size, gen, order)
+    run = make_run(view)
+    out = b.poisoned_run(run)
+    t = median_ms(run)
+    return dict(page_size=page_size, pages=order, ours_ms=t, contiguous_ms=t_contiguous,
+                paged_vs_contiguous=t / t_contiguous,
+                maxdiff_vs_contiguous=(out.float() - contiguous_out.float()).abs().max().item(),
+                relerr_vs_contiguous=rel_err(out, contiguous_out),
+                finite=bool(torch.isfinite(out).all()), clock_mhz=common.last_clock_mhz)
+
+
 def run_group(group, args, lib, gen, report, dense_ms):
     if group == "paged":
         L = args.paged_length
@@ -489,18 +503,10 @@ def run_group(group, args, lib, gen, report, dense_ms):
         t_contiguous = median_ms(ours.dense)
         clock_contiguous = common.last_clock_mhz
         for page_size, order in PAGED_ROWS:
-            view = PagedView(b, page_size, gen, order)
-            run = ours.dense_paged(view)
-            out = b.poisoned_run(run)
-            maxdiff = (out.float() - contiguous_out.float()).abs().max().item()
-            t = median_ms(run)
-            report(dict(row="paged", L=L, page_size=page_size, pages=order, ours_ms=t,
-                        ours_tflops=tflops(b, t),
-                        contiguous_ms=t_contiguous, paged_vs_contiguous=t / t_contiguous,
-                        maxdiff_vs_contiguous=maxdiff, relerr_vs_contiguous=rel_err(out, contiguous_out),
-                        finite=bool(torch.isfinite(out).all()),
-                        clock_mhz=common.last_clock_mhz, contiguous_clock_mhz=clock_contiguous))
-            del view
+            row = paged_fields(b, ours.dense_paged, page_size, order, gen, contiguous_out,
+                               t_contiguous)
+            report(dict(row="paged", L=L, **row, ours_tflops=tflops(b, row["ours_ms"]),
+                        contiguous_clock_mhz=clock_contiguous))
         # Sparse mode on paged caches: one random 10 % block mask, with and without correction,
         # against the contiguous layout on the same mask.
         mask = random_block_mask(L, 0.1, gen)
@@ -509,18 +515,9 @@ def run_group(group, args, lib, gen, report, dense_ms):
             contiguous_out = b.poisoned_run(ours.sparse)
             t_contiguous = median_ms(ours.sparse)
             for page_size, order in ((16, "shuffled"), (16, "in_order"), (128, "shuffled")):
-                view = PagedView(b, page_size, gen, order)
-                run = ours.sparse_paged(view)
-                out = b.poisoned_run(run)
-                t = median_ms(run)
                 report(dict(row="paged_sparse", L=L, density=density, correction=corr,
-                            page_size=page_size, pages=order,
-                            ours_ms=t, contiguous_ms=t_contiguous,
-                            paged_vs_contiguous=t / t_contiguous,
-                            relerr_vs_contiguous=rel_err(out, contiguous_out),
-                            finite=bool(torch.isfinite(out).all()),
-                            clock_mhz=common.last_clock_mhz))
-                del view
+                            **paged_fields(b, ours.sparse_paged, page_size, order, gen,
+                                           contiguous_out, t_contiguous)))
         del b, ours
         torch.cuda.empty_cache()
         # Chunked prefill on paged caches (the serving case: a new chunk against its cached
@@ -531,17 +528,9 @@ def run_group(group, args, lib, gen, report, dense_ms):
             contiguous_out = b.poisoned_run(ours.dense)
             t_contiguous = median_ms(ours.dense)
             for page_size, order in PAGED_CHUNK_ROWS:
-                view = PagedView(b, page_size, gen, order)
-                run = ours.dense_paged(view)
-                out = b.poisoned_run(run)
-                t = median_ms(run)
-                report(dict(row="paged_chunk", len_q=lq, len_kv=lkv, page_size=page_size,
-                            pages=order, ours_ms=t, contiguous_ms=t_contiguous,
-                            paged_vs_contiguous=t / t_contiguous,
-                            relerr_vs_contiguous=rel_err(out, contiguous_out),
-                            finite=bool(torch.isfinite(out).all()),
-                            clock_mhz=common.last_clock_mhz))
-                del view
+                report(dict(row="paged_chunk", len_q=lq, len_kv=lkv,
+                            **paged_fields(b, ours.dense_paged, page_size, order, gen,
+                                           contiguous_out, t_contiguous)))
             del b, ours
             torch.cuda.empty_cache()
     if group == "dense":
