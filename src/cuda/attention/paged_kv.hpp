@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 
 #include "core/geometry.hpp"
+#include "core/paged_runs.hpp"
 #include "cuda/attention/params.hpp"
 #include "cuda/attention/seqlen.hpp"
 
@@ -223,8 +224,7 @@ struct TileLoader {
   __device__ int32_t tma_row(int32_t t) const {
     const int32_t key = t * kKvTile;
     if constexpr (Traits::kPaged) {
-      const int32_t slot = key / p.page_size;
-      return w.k_addr.pages[slot] * p.page_size + (key - slot * p.page_size);
+      return pool_row(w.k_addr.pages, p.page_size, key);
     } else {
       return int32_t(w.k_addr.row0) + key;
     }
@@ -240,9 +240,7 @@ struct TileLoader {
     const int lane = thread;
     const int32_t t = lane < nb ? tile0 : lane < 2 * nb ? tile1 : -1;
     if (!tma_tile(t)) return 0;
-    const int32_t key = t * kKvTile + (lane % nb) * p.tma_box_rows;
-    const int32_t slot = key / p.page_size;
-    return w.k_addr.pages[slot] * p.page_size + (key - slot * p.page_size);
+    return pool_row(w.k_addr.pages, p.page_size, t * kKvTile + (lane % nb) * p.tma_box_rows);
   }
 
   // This lane's boxes (paged_box_row) of the stage's full tiles, for tiles fetched by TMA

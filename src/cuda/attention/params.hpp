@@ -28,8 +28,9 @@ struct AttentionParams {
   int32_t tma_box_rows = kKvTile;
   // The same K and V as 4-D tensors (64, rows, D / 64, Hkv) in 64 x 128 x D/64 x 1 boxes: one
   // box fills a whole stage operand with two adjacent KV tiles (tma_pair when both encoded; for
-  // paged KV only when pages hold a multiple of 64 keys, and then only for tiles whose rows lie
-  // back to back in the pool: in one page or in consecutive pages).
+  // paged KV, any pool whose pages lie back to back, and then only for tiles whose rows lie back
+  // to back in the pool: found through the page table for whole-tile boxes, through the run
+  // table below otherwise).
   CUtensorMap tma_k_pair{}, tma_v_pair{};
   bool tma_pair = false;
   // Paged pools whose pages lie back to back but do not come in whole-tile boxes (pages of fewer
