@@ -166,15 +166,15 @@ struct Mainloop {
       // buffer (Eq. 17); they also tell whether this stage is the item's last.
       const Stage following = stage.kind == StageKind::kEnd ? stage : sequence.next(p);
       claim_next();
-      // Paged KV by TMA in boxes smaller than a tile: the first warp's lanes look up the pages
-      // of the stage's boxes before the buffer frees, so that the page-table latency overlaps
+      // Paged KV by TMA in boxes smaller than a tile: the producer's threads look up the pages
+      // of the stage's boxes (one each, spread over the four warps) before the buffer frees, so that the page-table latency overlaps
       // the wait. (Whole-tile boxes, whose pages thread 0 looks up after the wait, ran faster
       // that way: H200, dense 32K, pages of 64 keys 1.16x contiguous against 1.27x, of 128 keys
       // 1.01x against 1.10x.)
       const bool paged_boxes_by_lane = Traits::kPaged && p.tma && p.tma_box_rows < kKvTile &&
                                        stage.kind == StageKind::kExactTiles;
       const int32_t box_row =
-          paged_boxes_by_lane && thread < 32 ? loader.paged_box_row(stage.tile0, stage.tile1) : 0;
+          paged_boxes_by_lane ? loader.paged_box_row(stage.tile0, stage.tile1) : 0;
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
       uint64_t* bar = &ss.kv_loaded[cur.index];
       StageInfo info{stage.tile0, stage.tile1, stage.first_block, stage.kind,
@@ -216,10 +216,9 @@ struct Mainloop {
             if (tma1) loader.tma_kv_tile(sK, sVt, loader.tma_row(stage.tile1), 1, cur.index, bar);
           }
         };
-        // Boxes smaller than a tile: the first warp's lanes issue theirs once thread 0 has
-        // published the stage and its bytes.
+        // Boxes smaller than a tile: each producer thread with a box issues it (no ordering
+        // against thread 0's expect; the stage cannot complete before thread 0 arrives).
         auto paged_boxes = [&] {
-          __syncwarp();
           loader.tma_kv_boxes(sK, sVt, stage.tile0, stage.tile1, box_row, cur.index, bar);
         };
         if (!info.generic_writes) {
@@ -235,13 +234,11 @@ struct Mainloop {
             info.tile1 = lo + 1;
           }
           if (paged_boxes_by_lane) {  // no pairs: those need pages of a multiple of 64 keys
-            if (thread < 32) {
-              if (thread == 0) {
-                ss.stage_info[cur.index] = info;
-                TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
-              }
-              paged_boxes();
+            if (thread == 0) {
+              ss.stage_info[cur.index] = info;
+              TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
             }
+            paged_boxes();
           } else if (thread == 0) {
             if constexpr (Traits::kPaged) {
               // Whole-tile boxes. Adjacent tiles whose rows lie back to back in the pool (in one
@@ -293,7 +290,7 @@ struct Mainloop {
             TxBarrier::arrive_and_expect_tx(bar, tma_bytes);
             if (!paged_boxes_by_lane) tma_tiles();
           }
-          if (paged_boxes_by_lane && thread < 32) paged_boxes();
+          if (paged_boxes_by_lane) paged_boxes();
           if (copy0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
           if (copy1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
           arrive_when_copied(ss.kv_copied[cur.index]);

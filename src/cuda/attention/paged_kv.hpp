@@ -231,25 +231,33 @@ struct TileLoader {
   }
 
   // Paged KV by TMA in boxes smaller than a tile: a stage's full tiles come in boxes of
-  // p.tma_box_rows rows, nb = 64 / tma_box_rows per tile; lane l < 2 nb of the producer's first
-  // warp owns box l % nb of tile (l < nb ? tile0 : tile1). Its row in the TMA maps (0 when the
-  // lane has no box): the box's page, from the page table, plus the box's offset in the page.
-  // Each lane looks up one page, all at once, before the stage's buffer frees.
+  // p.tma_box_rows rows, nb = 64 / tma_box_rows per tile. Box j < 2 nb (box j % nb of tile
+  // j < nb ? tile0 : tile1) belongs to lane j / 4 of producer warp j % 4, so that the four
+  // producer warps (one per SM sub-partition) issue a stage's boxes side by side.
+  __device__ int box_of_thread() const {
+    static_assert(kThreads == 128, "four producer warps");
+    return (thread % 32) * 4 + thread / 32;
+  }
+
+  // This thread's box row in the TMA maps (0 when it has no box): the box's page, from the page
+  // table, plus the box's offset in the page. Every box's page is looked up at once, before the
+  // stage's buffer frees.
   __device__ int32_t paged_box_row(int32_t tile0, int32_t tile1) const {
     const int nb = kKvTile / p.tma_box_rows;
-    const int lane = thread;
+    const int lane = box_of_thread();
     const int32_t t = lane < nb ? tile0 : lane < 2 * nb ? tile1 : -1;
     if (!tma_tile(t)) return 0;
     return pool_row(w.k_addr.pages, p.page_size, t * kKvTile + (lane % nb) * p.tma_box_rows);
   }
 
-  // This lane's boxes (paged_box_row) of the stage's full tiles, for tiles fetched by TMA
-  // (tile_by_tma); issued by the lanes of the producer's first warp.
+  // This thread's box (paged_box_row) of the stage's full tiles, for tiles fetched by TMA
+  // (tile_by_tma). Its bytes may land before thread 0 has expected them: the barrier's tx-count
+  // may go below zero, and the stage cannot complete before thread 0's arrival.
   template <class SmemK, class SmemVt>
   __device__ void tma_kv_boxes(SmemK& sK, SmemVt& sVt, int32_t tile0, int32_t tile1, int32_t row,
                                int stage, uint64_t* bar) const {
     const int nb = kKvTile / p.tma_box_rows;
-    const int lane = thread;
+    const int lane = box_of_thread();
     const int half = lane < nb ? 0 : 1;
     if (lane >= 2 * nb || !tma_tile(half == 0 ? tile0 : tile1)) return;
     const int r = half * kKvTile + (lane % nb) * p.tma_box_rows;
