@@ -152,13 +152,43 @@ struct TileLoader {
     if (p.q_tma) tma_prefetch_q_tile(&p.tma_q, w.h, q_tile_token(p, w));
   }
 
+  // Paged KV by cp.async: the K and V addresses, at column 0, of one row of tile t per lane.
+  // A warp copies 16 rows of a tile (kRowsPerWarp rows per iteration); lane l (mod 16) holds its
+  // l-th row's, looked up once for the tile, and each iteration takes its row's by shuffle. Rows
+  // past the request hold the bases (harmless: their copies zero-fill).
+  struct KvRowAddr {
+    const Element* k;
+    const Element* v;
+  };
+  static constexpr int kCpRowStep = kThreads / kChunksPerRow;
+  static constexpr int kCpRowsPerWarp = 32 / kChunksPerRow;
+  static_assert(kCpRowsPerWarp * (kKvTile / kCpRowStep) == 16, "a warp copies 16 rows of a tile");
+  __device__ KvRowAddr paged_row_addr(int32_t t) const {
+    const int l = thread % 16;
+    const int32_t jl =
+        (thread / 32) * kCpRowsPerWarp + l % kCpRowsPerWarp + (l / kCpRowsPerWarp) * kCpRowStep;
+    KvRowAddr a{static_cast<const Element*>(p.k) + int64_t(w.h) * p.k_stride_head,
+                static_cast<const Element*>(p.v) + int64_t(w.h) * p.v_stride_head};
+    if (t >= 0 && jl < w.seq.len_kv - t * kKvTile) {
+      const int32_t key = t * kKvTile + jl;
+      const int32_t slot = key / p.page_size;
+      const int64_t page = w.k_addr.pages[slot];
+      const int64_t in_page = key - slot * p.page_size;
+      a.k += page * p.k_stride_page + in_page * p.k_stride_token;
+      a.v += page * p.v_stride_page + in_page * p.v_stride_token;
+    }
+    return a;
+  }
+
   // KV tile t: keys [64 t, 64 t + 64) of the request into rows [64 half, 64 half + 64) of stage
   // `stage`; t < 0 zero-fills them. A thread copies one 16-byte column chunk of every
-  // kRowStep-th row, so its addresses advance by constant strides.
+  // kRowStep-th row, so its addresses advance by constant strides. Paged KV takes the lanes' row
+  // addresses from paged_row_addr(t) (Eq. 22).
   template <class SmemK, class SmemVt>
-  __device__ void load_kv_tile(SmemK& sK, SmemVt& sVt, int32_t t, int half, int stage) const {
+  __device__ void load_kv_tile(SmemK& sK, SmemVt& sVt, int32_t t, int half, int stage,
+                               KvRowAddr rows = {}) const {
     static_assert(kThreads % kChunksPerRow == 0);
-    constexpr int kRowStep = kThreads / kChunksPerRow;
+    constexpr int kRowStep = kCpRowStep;
     constexpr int kIters = kKvTile / kRowStep;
     const int r0 = thread / kChunksPerRow, col = (thread % kChunksPerRow) * kChunk;
     const int row0 = half * kKvTile + r0;
@@ -166,40 +196,27 @@ struct TileLoader {
     Element* v_dst = &sVt(col, row0, stage);
     const int64_t k_dst_step = &sK(row0 + kRowStep, col, stage) - k_dst;
     const int64_t v_dst_step = &sVt(col, row0 + kRowStep, stage) - v_dst;
-    const Element* k = static_cast<const Element*>(p.k) + int64_t(w.h) * p.k_stride_head + col;
-    const Element* v = static_cast<const Element*>(p.v) + int64_t(w.h) * p.v_stride_head + col;
-    const int32_t j0 = t * kKvTile + r0;
     if constexpr (Traits::kPaged) {
-      // Eq. 22. A warp copies 16 rows of the tile (kRowsPerWarp rows per iteration); lane l
-      // (mod 16) looks up the page of the warp's l-th row once, all lanes at the same time, and
-      // each iteration takes its row's page and offset by shuffle: one page-table latency per
-      // tile, not one per iteration.
-      constexpr int kRowsPerWarp = 32 / kChunksPerRow;
-      static_assert(kRowsPerWarp * kIters == 16, "a warp copies 16 rows of a tile");
-      const int lane = thread % 32;
-      const int l = lane % 16;
-      const int32_t jl = t * kKvTile + (thread / 32) * kRowsPerWarp + l % kRowsPerWarp +
-                         (l / kRowsPerWarp) * kRowStep;
-      int32_t page = 0, in_page = 0;
-      if (t >= 0 && jl < w.seq.len_kv) {
-        const int32_t slot = jl / p.page_size;
-        page = w.k_addr.pages[slot];
-        in_page = jl - slot * p.page_size;
-      }
-      // Not unrolled: the producer runs on few registers (unrolled, it spilled 64-88 bytes).
-#pragma unroll 1
+      // An iteration's chain is shuffle, add, copy (no multiply or shared-memory load waits in
+      // it). Each thread adds its own column to the shuffled row address. At D = 128, unrolled
+      // by two, the iterations overlap; at D = 64 that made ptxas spill a per-stage value.
+      const int32_t rows_left = t >= 0 ? w.seq.len_kv - t * kKvTile : 0;
+      constexpr int kUnroll = kD == 64 ? 1 : 2;
+#pragma unroll kUnroll
       for (int i = 0; i < kIters; ++i) {
-        const int32_t j = j0 + i * kRowStep;
-        const bool valid = t >= 0 && j < w.seq.len_kv;
-        const int src = i * kRowsPerWarp + r0 % kRowsPerWarp;
-        const int64_t pg = __shfl_sync(0xffffffffu, page, src);
-        const int64_t in = __shfl_sync(0xffffffffu, in_page, src);
-        const int64_t k_off = valid ? pg * p.k_stride_page + in * p.k_stride_token : 0;
-        const int64_t v_off = valid ? pg * p.v_stride_page + in * p.v_stride_token : 0;
-        cp_async_16(k_dst + i * k_dst_step, k + k_off, valid);
-        cp_async_16(v_dst + i * v_dst_step, v + v_off, valid);
+        const bool valid = r0 + i * kRowStep < rows_left;
+        const int src = i * kCpRowsPerWarp + r0 % kCpRowsPerWarp;
+        const auto k_src = reinterpret_cast<const Element*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(rows.k), src));
+        const auto v_src = reinterpret_cast<const Element*>(
+            __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(rows.v), src));
+        cp_async_16(k_dst + i * k_dst_step, k_src + col, valid);
+        cp_async_16(v_dst + i * v_dst_step, v_src + col, valid);
       }
     } else {
+      const Element* k = static_cast<const Element*>(p.k) + int64_t(w.h) * p.k_stride_head + col;
+      const Element* v = static_cast<const Element*>(p.v) + int64_t(w.h) * p.v_stride_head + col;
+      const int32_t j0 = t * kKvTile + r0;
       CUTE_UNROLL
       for (int i = 0; i < kIters; ++i) {
         const int32_t j = j0 + i * kRowStep;
