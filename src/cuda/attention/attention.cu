@@ -266,6 +266,7 @@ AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
   a.seqlens_k = p.seqlens_k;
   a.page_table = p.page_table;
   a.page_size = a.paged ? p.page_size : 1;
+  a.page_div = FastDivmod(a.page_size);
   a.max_pages_per_seq = p.max_pages_per_seq;
   a.batch = p.batch_size;
   a.heads_kv = p.num_heads_kv;

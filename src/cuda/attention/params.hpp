@@ -6,6 +6,7 @@
 
 #include <cuda.h>  // CUtensorMap (a plain 128-byte struct; no driver call happens here)
 
+#include "core/fast_divmod.hpp"
 #include "core/geometry.hpp"
 
 namespace flashprefill::cuda::attention {
@@ -110,6 +111,10 @@ struct AttentionParams {
   int32_t lead_tiles = 0;    // tiles per request taken from every head first (heuristics.hpp)
   int32_t* work_counter = nullptr;
   int32_t* tile_prefix = nullptr;
+
+  // page_size as a launch-time divisor, for the cp.async path's page lookups (paged_kv.hpp);
+  // last in the struct, so that the other fields keep their constant-bank offsets.
+  FastDivmod page_div;
 };
 
 }  // namespace flashprefill::cuda::attention
