@@ -167,10 +167,10 @@ struct Mainloop {
       const Stage following = stage.kind == StageKind::kEnd ? stage : sequence.next(p);
       claim_next();
       // Paged KV by TMA in boxes smaller than a tile: the producer's threads look up the pages
-      // of the stage's boxes (one each, spread over the four warps) before the buffer frees, so that the page-table latency overlaps
-      // the wait. (Whole-tile boxes, whose pages thread 0 looks up after the wait, ran faster
-      // that way: H200, dense 32K, pages of 64 keys 1.16x contiguous against 1.27x, of 128 keys
-      // 1.01x against 1.10x.)
+      // of the stage's boxes (one each, spread over the four warps) before the buffer frees, so
+      // that the page-table latency overlaps the wait. (Whole-tile boxes, whose pages thread 0
+      // looks up after the wait, ran faster that way: H200, dense 32K, pages of 64 keys 1.16x
+      // contiguous against 1.27x, of 128 keys 1.01x against 1.10x.)
       const bool paged_boxes_by_lane = Traits::kPaged && p.tma && p.tma_box_rows < kKvTile &&
                                        stage.kind == StageKind::kExactTiles;
       const int32_t box_row =

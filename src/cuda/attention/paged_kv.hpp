@@ -153,9 +153,9 @@ struct TileLoader {
   }
 
   // Paged KV by cp.async: the K and V addresses, at column 0, of one row of tile t per lane.
-  // A warp copies 16 rows of a tile (kRowsPerWarp rows per iteration); lane l (mod 16) holds its
-  // l-th row's, looked up once for the tile, and each iteration takes its row's by shuffle. Rows
-  // past the request hold the bases (harmless: their copies zero-fill).
+  // A warp copies 16 rows of a tile (kCpRowsPerWarp rows per iteration); lane l (mod 16) holds
+  // its l-th row's, looked up once for the tile, and each iteration takes its row's by shuffle.
+  // Rows past the request hold the bases (harmless: their copies zero-fill).
   struct KvRowAddr {
     const Element* k;
     const Element* v;
