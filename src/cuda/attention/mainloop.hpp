@@ -291,19 +291,8 @@ struct Mainloop {
             if (!paged_boxes_by_lane) tma_tiles();
           }
           if (paged_boxes_by_lane) paged_boxes();
-          if constexpr (Traits::kPaged) {
-            // Each tile's page lookups just before its copies. (Both tiles' lookups first, so
-            // that their latencies overlap, ran 0-3 % slower: H200, pages of 1, 8, 100 keys.)
-            if (copy0)
-              loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index,
-                                  loader.paged_row_addr(stage.tile0));
-            if (copy1)
-              loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index,
-                                  loader.paged_row_addr(stage.tile1));
-          } else {
-            if (copy0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
-            if (copy1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
-          }
+          if (copy0) loader.load_kv_tile(sK, sVt, stage.tile0, 0, cur.index);
+          if (copy1) loader.load_kv_tile(sK, sVt, stage.tile1, 1, cur.index);
           arrive_when_copied(ss.kv_copied[cur.index]);
         }
       } else if (stage.kind == StageKind::kMeanWindow) {
