@@ -76,4 +76,25 @@ TEST(PairRunRow, AgreesWithTheKeyByKeyCheck) {
   }
 }
 
+// The kernels' pool_row divides by a FastDivmod: the same row as the plain division for every
+// key, at page sizes up to 1 << 20 and keys up to the int32 limit.
+TEST(PoolRow, FastDivisorAgreesWithDivision) {
+  std::mt19937 rng(22);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int32_t ps = trial < 300 ? 1 + trial : 1 + int32_t(rng() % (1 << 20));
+    const flashprefill::FastDivmod div(ps);
+    const int32_t max_key = int32_t(rng() % 2 ? rng() % 100000 : rng() % 0x7fffffffu);
+    const int32_t n = max_key / ps + 1;
+    if (n > (1 << 16)) continue;  // keep the page table small
+    std::vector<int32_t> pages(static_cast<size_t>(n));
+    for (auto& page : pages) page = int32_t(rng() % 1000);
+    for (int k = 0; k < 64; ++k) {
+      const int32_t key = k == 0 ? max_key : int32_t(rng() % (uint32_t(max_key) + 1));
+      ASSERT_EQ(flashprefill::pool_row(pages.data(), div, key),
+                flashprefill::pool_row(pages.data(), ps, key))
+          << "page size " << ps << ", key " << key;
+    }
+  }
+}
+
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/fast_divmod.hpp"
 #include "core/geometry.hpp"
 
 namespace flashprefill {
@@ -18,6 +19,14 @@ inline constexpr int32_t kPairKeys = 2 * kKvTile;  // keys per pair of tiles
 FP_HD int32_t pool_row(const int32_t* pages, int32_t page_size, int32_t key) {
   const int32_t slot = key / page_size;
   return pages[slot] * page_size + (key - slot * page_size);
+}
+
+// The same, with page_size as a launch-time divisor (the kernels: a high multiply, an add and a
+// shift instead of a division's instruction sequence).
+FP_HD int32_t pool_row(const int32_t* pages, const FastDivmod& page_size, int32_t key) {
+  int32_t slot, offset;
+  page_size.divmod(key, slot, offset);
+  return pages[slot] * page_size.divisor + offset;
 }
 
 // The pool row (page * page_size + offset in the page) of key key0 when keys [key0, key0 + 128)

@@ -249,7 +249,7 @@ struct Mainloop {
               int32_t row0, row1;
               if (adjacent) {
                 const int32_t row_lo = loader.tma_row(lo);
-                const bool one_page = (lo * kKvTile) % p.page_size + 2 * kKvTile <= p.page_size;
+                const bool one_page = p.page_div.mod(lo * kKvTile) + 2 * kKvTile <= p.page_size;
                 const int32_t row_hi = one_page ? row_lo + kKvTile : loader.tma_row(lo + 1);
                 row0 = lo == stage.tile0 ? row_lo : row_hi;
                 row1 = lo == stage.tile0 ? row_hi : row_lo;

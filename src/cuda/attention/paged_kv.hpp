@@ -244,7 +244,7 @@ struct TileLoader {
   __device__ int32_t tma_row(int32_t t) const {
     const int32_t key = t * kKvTile;
     if constexpr (Traits::kPaged) {
-      return pool_row(w.k_addr.pages, p.page_size, key);
+      return pool_row(w.k_addr.pages, p.page_div, key);
     } else {
       return int32_t(w.k_addr.row0) + key;
     }
@@ -267,7 +267,7 @@ struct TileLoader {
     const int lane = box_of_thread();
     const int32_t t = lane < nb ? tile0 : lane < 2 * nb ? tile1 : -1;
     if (!tma_tile(t)) return 0;
-    return pool_row(w.k_addr.pages, p.page_size, t * kKvTile + (lane % nb) * p.tma_box_rows);
+    return pool_row(w.k_addr.pages, p.page_div, t * kKvTile + (lane % nb) * p.tma_box_rows);
   }
 
   // This thread's box (paged_box_row) of the stage's full tiles, for tiles fetched by TMA
