@@ -24,6 +24,8 @@ using flashprefill::cuda::attention::kMaxPartialBytes;
 using flashprefill::cuda::attention::kMaxSplits;
 using flashprefill::cuda::attention::kMinTilesPerSplit;
 using flashprefill::cuda::attention::kTmaMinBoxRows;
+using flashprefill::cuda::attention::paged_row_units;
+using flashprefill::cuda::attention::paged_rows_fit_32_bits;
 using flashprefill::cuda::attention::paged_tma_box_rows;
 
 constexpr int kSms = 132;
@@ -205,6 +207,58 @@ TEST(PagedTma, OnlyPoolsWhosePagesLieBackToBack) {
   fp_problem one = paged_pool(64, 1);
   one.k_stride_head = one.v_stride_head = int64_t(64) * one.head_dim;
   EXPECT_EQ(paged_tma_box_rows(one), 64);
+}
+
+// The cp.async path's 32-bit row numbers: unit * (page * page_units + j * token_units) bytes
+// is the byte offset of row j of page `page`, for every layout the tests use.
+TEST(PagedRows, NumbersTimesTheUnitGiveEveryRowsByteOffset) {
+  fp_problem hnd = paged_pool(16);
+  hnd.k_stride_token = hnd.v_stride_token = hnd.head_dim;
+  hnd.k_stride_head = hnd.v_stride_head = int64_t(16) * hnd.head_dim;
+  fp_problem v_padded = paged_pool(100);
+  v_padded.v_stride_page += 8;  // V's pages 8 elements apart, K's back to back
+  for (const fp_problem& p : {paged_pool(1), paged_pool(16), paged_pool(100), paged_pool(64, 8, 128, 1),
+                              paged_pool(16, 2, 64, 3), hnd, v_padded}) {
+    for (const bool v : {false, true}) {
+      const auto u = paged_row_units(p, v);
+      const int64_t sp = (v ? p.v_stride_page : p.k_stride_page) * 2;
+      const int64_t st = (v ? p.v_stride_token : p.k_stride_token) * 2;
+      ASSERT_GT(u.unit, 0);
+      EXPECT_EQ(u.unit * u.page_units, sp);
+      EXPECT_EQ(u.unit * u.token_units, st);
+      EXPECT_EQ(sp % u.unit, 0);
+      EXPECT_EQ(st % u.unit, 0);
+    }
+  }
+  // Back-to-back NHD pools: the unit is a token's stride, the number the pool row.
+  const auto u = paged_row_units(paged_pool(16), false);
+  EXPECT_EQ(u.unit, 8 * 128 * 2);
+  EXPECT_EQ(u.page_units, 16);
+  EXPECT_EQ(u.token_units, 1);
+  // V padded by 8 elements a page: a unit of 16 bytes.
+  EXPECT_EQ(paged_row_units(v_padded, true).unit, 16);
+}
+
+TEST(PagedRows, PoolsWhoseLastRowNumberPassesTwoToThe32AreRejected) {
+  // NHD, 8 heads of 128: a unit of 2048 bytes, so 2^32 rows is 8 TiB: every real pool fits.
+  fp_problem p = paged_pool(16);
+  p.num_pages = 1 << 20;
+  EXPECT_TRUE(paged_rows_fit_32_bits(p));
+  // V's pages padded by 8 elements (16 bytes): V's unit is 16 bytes, a page 16 * 2048 / 16 + 1 =
+  // 2049 units, a token 128; the last row is (num_pages - 1) * 2049 + 15 * 128.
+  p.v_stride_page += 8;
+  ASSERT_EQ(paged_row_units(p, true).page_units, 2049);
+  ASSERT_EQ(paged_row_units(p, true).token_units, 128);
+  const int64_t fit = (int64_t(UINT32_MAX) - 15 * 128) / 2049 + 1;  // pages that fit
+  p.num_pages = int32_t(fit);
+  EXPECT_TRUE(paged_rows_fit_32_bits(p));
+  p.num_pages = int32_t(fit + 1);
+  EXPECT_FALSE(paged_rows_fit_32_bits(p));
+  // K alone too large.
+  fp_problem k = paged_pool(16);
+  k.k_stride_page += 8;
+  k.num_pages = int32_t(fit + 1);
+  EXPECT_FALSE(paged_rows_fit_32_bits(k));
 }
 
 TEST(PagedTma, BoxesStayInsideOnePageAndHoldWholeSwizzleAtoms) {

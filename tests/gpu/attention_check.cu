@@ -202,10 +202,13 @@ struct Paging {
   bool gaps = false;
   bool mostly_in_order = false;
   bool alternating = false;  // even requests' pages in order, odd requests' shuffled
+  int v_pad = 0;  // poisoned elements after each V page (K's pages stay back to back): V's
+                  // page stride then shares only a 16-byte unit with its token stride
   std::string name() const {
     return std::to_string(page_size) + (gaps ? " with gaps" : "") +
            (mostly_in_order ? " mostly in order" : "") +
-           (alternating ? " in order and shuffled by request" : "");
+           (alternating ? " in order and shuffled by request" : "") +
+           (v_pad ? " V padded by " + std::to_string(v_pad) : "");
   }
 };
 
@@ -262,7 +265,8 @@ void make_device(const Inputs& in, const Paging& paging, DeviceInputs& dev) {
   }
   std::vector<int32_t> table(size_t(B) * max_pages, -1);  // unused entries must not be read
   const size_t page_elems = size_t(page_size + (gaps ? 1 : 0)) * Hkv * D;
-  std::vector<uint16_t> kp(page_elems * num_pages, 0xFFFF), vp(kp.size(), 0xFFFF);
+  const size_t v_page_elems = page_elems + size_t(paging.v_pad);
+  std::vector<uint16_t> kp(page_elems * num_pages, 0xFFFF), vp(v_page_elems * num_pages, 0xFFFF);
   int next = 0;
   for (int b = 0; b < B; ++b)
     for (int j = 0; j < g.len_kv[b]; ++j) {
@@ -270,10 +274,10 @@ void make_device(const Inputs& in, const Paging& paging, DeviceInputs& dev) {
         table[size_t(b) * max_pages + j / page_size] =
             order[!paging.alternating ? next++ : b % 2 == 0 ? next_even++ : next_odd++];
       const int32_t page = table[size_t(b) * max_pages + j / page_size];
-      const size_t dst = size_t(page) * page_elems + size_t(j % page_size) * Hkv * D;
+      const size_t in_page = size_t(j % page_size) * Hkv * D;
       const size_t src = size_t(in.cu_k[b] + j) * Hkv * D;
-      std::copy_n(in.k.begin() + src, Hkv * D, kp.begin() + dst);
-      std::copy_n(in.v.begin() + src, Hkv * D, vp.begin() + dst);
+      std::copy_n(in.k.begin() + src, Hkv * D, kp.begin() + size_t(page) * page_elems + in_page);
+      std::copy_n(in.v.begin() + src, Hkv * D, vp.begin() + size_t(page) * v_page_elems + in_page);
     }
   std::vector<int32_t> lens(g.len_kv.begin(), g.len_kv.end());
   dev.k.upload(kp);
@@ -283,7 +287,8 @@ void make_device(const Inputs& in, const Paging& paging, DeviceInputs& dev) {
   dev.p.kv_layout = FP_KV_PAGED;
   dev.p.k = dev.k.ptr;
   dev.p.v = dev.v.ptr;
-  dev.p.k_stride_page = dev.p.v_stride_page = int64_t(page_elems);
+  dev.p.k_stride_page = int64_t(page_elems);
+  dev.p.v_stride_page = int64_t(v_page_elems);
   dev.p.cu_seqlens_k = nullptr;
   dev.p.total_k = 0;
   dev.p.num_pages = num_pages;
@@ -602,6 +607,58 @@ void check_geometry(const Geometry& g, const std::vector<Paging>& pagings, bool 
   }
 }
 
+// The CUDA stage's own limits (beyond the API's validation): each call fails with
+// FP_ERROR_UNSUPPORTED and a message naming the limit, and writes nothing.
+void check_unsupported(const Geometry& g) {
+  const Inputs in = make_inputs(g);
+  DeviceInputs dev;
+  make_device(in, Paging{16, true}, dev);
+  const size_t n = size_t(in.total_q) * g.heads_q * g.head_dim;
+  DeviceBuffer<uint16_t> out(n);
+  CUDA_OK(cudaMemset(out.ptr, 0xFF, n * 2));
+  fp_output o{};
+  o.out = out.ptr;
+  o.out_stride_token = int64_t(g.heads_q) * g.head_dim;
+  o.out_stride_head = g.head_dim;
+  struct Case {
+    const char* what;
+    void (*edit)(fp_problem&);
+    const char* message;  // a part of fp_last_error_message()
+  };
+  const Case cases[] = {
+      // V's pages 8 elements apart (a 16-byte unit) in a pool of 2^28 pages: its last row
+      // number passes 2^32 (the pool is never read).
+      {"paged pool past 2^32 rows",
+       [](fp_problem& p) {
+         p.v_stride_page = int64_t(p.page_size) * p.v_stride_token + 8;
+         p.num_pages = 1 << 28;
+       },
+       "2^32"},
+      {"stride not a multiple of 8", [](fp_problem& p) { p.q_stride_token += 4; }, "multiples of 8"},
+      {"q not 16-byte aligned",
+       [](fp_problem& p) { p.q = static_cast<const uint16_t*>(p.q) + 4; }, "16-byte aligned"},
+  };
+  for (const Case& c : cases) {
+    fp_problem p = dev.p;
+    c.edit(p);
+    size_t ws = 0;
+    fp_status s = fp_dense_attention_workspace_size(&p, &ws);
+    DeviceBuffer<char> workspace(std::max<size_t>(ws, 1));
+    if (s == FP_OK) s = fp_dense_attention(&p, &o, workspace.ptr, ws);
+    CUDA_OK(cudaDeviceSynchronize());
+    const std::string message = fp_last_error_message();
+    const std::vector<uint16_t> written = out.download();
+    const bool untouched =
+        std::all_of(written.begin(), written.end(), [](uint16_t x) { return x == 0xFFFF; });
+    const bool ok = s == FP_ERROR_UNSUPPORTED && message.find(c.message) != std::string::npos &&
+                    untouched;
+    ++checks;
+    if (!ok) ++failures;
+    std::printf("%-4s unsupported: %-51s %s: %s\n", ok ? "ok" : "FAIL", c.what,
+                fp_status_string(s), message.c_str());
+  }
+}
+
 Geometry geometry(std::string name, fp_dtype dt, int D, int hq, int hkv, std::vector<int> lq,
                   std::vector<int> lkv, int block_size = 128) {
   Geometry g;
@@ -634,6 +691,7 @@ int main(int argc, char** argv) {
   check_geometry(geometry("L129", hf, 64, 6, 2, {129}, {129}),
                  {{8}, {16}, {64}, {128}, {1, false, true}, {16, false, true}, {64, false, true}},
                  true);
+  check_unsupported(geometry("L129", hf, 64, 6, 2, {129}, {129}));
   if (!small_only) {
     check_geometry(geometry("L63", bf, 128, 8, 2, {63}, {63}), {{16}}, true);
     check_geometry(geometry("L4097 bs256", bf, 128, 8, 2, {4097}, {4097}, 256), {}, true);
@@ -643,7 +701,8 @@ int main(int argc, char** argv) {
                    {{1}, {1, false, true}, {1, false, false, true}, {8}, {8, false, true}, {16},
                     {16, false, false, true}, {32}, {32, false, true}, {48}, {64}, {64, true},
                     {64, false, true}, {100}, {100, false, true}, {100, false, false, true},
-                    {128}, {128, false, true}, {192}},
+                    {128}, {128, false, true}, {192}, {1, false, false, false, 8},
+                    {100, false, false, false, 8}, {64, false, false, false, 8}},
                    true);
     check_geometry(geometry("mixed+prefix", hf, 64, 10, 2, {33, 0, 300}, {3000, 5, 301}),
                    {{1}, {16}, {16, false, true}, {96}, {100}, {64, false, true}}, true);

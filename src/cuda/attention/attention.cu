@@ -81,7 +81,8 @@ PartialBytes partial_bytes(const ProblemInfo& info, int32_t splits) {
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// 16-byte copies need 16-byte aligned rows; the epilogue stores element pairs.
+// 16-byte copies need 16-byte aligned rows; the epilogue stores element pairs; the cp.async
+// paged path numbers a pool's rows in 32 bits (heuristics.hpp).
 fp_status check_supported(const ProblemInfo& info, const fp_output& out) {
   const fp_problem& p = *info.p;
   if (p.dtype != FP_BFLOAT16 && p.dtype != FP_FLOAT16)
@@ -95,6 +96,10 @@ fp_status check_supported(const ProblemInfo& info, const fp_output& out) {
   for (const int64_t s : strides)
     if (s % 8 != 0)
       return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs q/k/v strides that are multiples of 8");
+  if (paged && !attention::paged_rows_fit_32_bits(p))
+    return fail(FP_ERROR_UNSUPPORTED,
+                "CUDA attention: a paged K/V pool spans more than 2^32 rows of gcd(page stride, "
+                "token stride)");
   if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v))
     return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs 16-byte aligned q, k and v");
   if (out.out_stride_token % 2 != 0 || out.out_stride_head % 2 != 0 ||
@@ -267,6 +272,16 @@ AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
   a.page_table = p.page_table;
   a.page_size = a.paged ? p.page_size : 1;
   a.page_div = FastDivmod(a.page_size);
+  if (a.paged) {  // check_supported: the row numbers fit in 32 bits
+    const attention::PagedRowUnits k = attention::paged_row_units(p, false);
+    const attention::PagedRowUnits v = attention::paged_row_units(p, true);
+    a.cp_k_unit = uint32_t(k.unit);
+    a.cp_k_page_units = uint32_t(k.page_units);
+    a.cp_k_token_units = uint32_t(k.token_units);
+    a.cp_v_unit = uint32_t(v.unit);
+    a.cp_v_page_units = uint32_t(v.page_units);
+    a.cp_v_token_units = uint32_t(v.token_units);
+  }
   a.max_pages_per_seq = p.max_pages_per_seq;
   a.batch = p.batch_size;
   a.heads_kv = p.num_heads_kv;

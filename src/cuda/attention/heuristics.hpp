@@ -43,6 +43,34 @@ inline int32_t paged_max_pairs(const fp_problem& p) {
 }
 
 inline constexpr int64_t kElementBytes = 2;  // bf16 / fp16 operands
+
+// The cp.async paged path numbers a pool's rows in 32 bits: row j of page `page` lies
+// unit * (page * page_units + j * token_units) bytes past the head's base, unit being the gcd of
+// the page and token strides in bytes (AttentionParams::cp_k_unit). K (v = false) or V.
+struct PagedRowUnits {
+  int64_t unit, page_units, token_units;
+};
+
+inline PagedRowUnits paged_row_units(const fp_problem& p, bool v) {
+  const int64_t page = (v ? p.v_stride_page : p.k_stride_page) * kElementBytes;
+  const int64_t token = (v ? p.v_stride_token : p.k_stride_token) * kElementBytes;
+  const int64_t unit = std::gcd(page, token);
+  return {unit, unit > 0 ? page / unit : 0, unit > 0 ? token / unit : 0};
+}
+
+// Whether every row of a paged pool (validated strides and sizes) has a number below 2^32, K
+// and V; the CUDA attention stage rejects pools that do not (about 512 GB per operand for
+// token strides of 1024 elements, 64 GB at the least).
+inline bool paged_rows_fit_32_bits(const fp_problem& p) {
+  for (const bool v : {false, true}) {
+    const PagedRowUnits u = paged_row_units(p, v);
+    if (u.unit <= 0) return false;
+    const int64_t last_row =
+        (int64_t(p.num_pages) - 1) * u.page_units + (int64_t(p.page_size) - 1) * u.token_units;
+    if (last_row > int64_t(UINT32_MAX)) return false;
+  }
+  return true;
+}
 inline constexpr int kMaxSplits = 16;
 inline constexpr int kMinTilesPerSplit = 8;
 inline constexpr int64_t kMaxPartialBytes = int64_t(1) << 30;

@@ -152,13 +152,15 @@ struct TileLoader {
     if (p.q_tma) tma_prefetch_q_tile(&p.tma_q, w.h, q_tile_token(p, w));
   }
 
-  // Paged KV by cp.async: the K and V addresses, at column 0, of one row of tile t per lane.
-  // A warp copies 16 rows of a tile (kCpRowsPerWarp rows per iteration); lane l (mod 16) holds
-  // its l-th row's, looked up once for the tile, and each iteration takes its row's by shuffle.
-  // Rows past the request hold the bases (harmless: their copies zero-fill).
+  // Paged KV by cp.async: the K and V rows of one row of tile t per lane, as 32-bit row numbers
+  // (page * cp_k_page_units + offset * cp_k_token_units; the row starts that many cp_k_unit
+  // bytes past the head's K base, and V alike). A warp copies 16 rows of a tile
+  // (kCpRowsPerWarp rows per iteration); lane l (mod 16) holds its l-th row's, looked up once
+  // for the tile, and each iteration takes its row's by shuffle. Rows past the request hold 0
+  // (harmless: their copies zero-fill).
   struct KvRowAddr {
-    const Element* k;
-    const Element* v;
+    uint32_t k;
+    uint32_t v;
   };
   static constexpr int kCpRowStep = kThreads / kChunksPerRow;
   static constexpr int kCpRowsPerWarp = 32 / kChunksPerRow;
@@ -167,14 +169,13 @@ struct TileLoader {
     const int l = thread % 16;
     const int32_t jl =
         (thread / 32) * kCpRowsPerWarp + l % kCpRowsPerWarp + (l / kCpRowsPerWarp) * kCpRowStep;
-    KvRowAddr a{static_cast<const Element*>(p.k) + int64_t(w.h) * p.k_stride_head,
-                static_cast<const Element*>(p.v) + int64_t(w.h) * p.v_stride_head};
+    KvRowAddr a{0, 0};
     if (t >= 0 && jl < w.seq.len_kv - t * kKvTile) {
       int32_t slot, in_page;
       p.page_div.divmod(t * kKvTile + jl, slot, in_page);  // a runtime `/` took ~20 instructions
-      const int64_t page = w.k_addr.pages[slot];
-      a.k += page * p.k_stride_page + in_page * p.k_stride_token;
-      a.v += page * p.v_stride_page + in_page * p.v_stride_token;
+      const uint32_t page = uint32_t(w.k_addr.pages[slot]);
+      a.k = page * p.cp_k_page_units + uint32_t(in_page) * p.cp_k_token_units;
+      a.v = page * p.cp_v_page_units + uint32_t(in_page) * p.cp_v_token_units;
     }
     return a;
   }
@@ -197,24 +198,26 @@ struct TileLoader {
     const int64_t k_dst_step = &sK(row0 + kRowStep, col, stage) - k_dst;
     const int64_t v_dst_step = &sVt(col, row0 + kRowStep, stage) - v_dst;
     if constexpr (Traits::kPaged) {
-      // An iteration's chain is shuffle, add, copy (no multiply or shared-memory load waits in
-      // it). Each thread adds its own column to the shuffled row address. At D = 128, unrolled
-      // by four, the iterations overlap (H200, pages of 1 key shuffled: by two 0.95x the time
-      // of no unroll, by four 0.97x two's; by eight it spilled); at D = 64 two made ptxas spill
-      // a per-stage value.
+      // An iteration's chain is shuffle, multiply-add, copy: one 32-bit shuffle per operand and
+      // one wide multiply-add of the row number by the byte unit (a kernel parameter) onto the
+      // thread's column (H200, pages of 1, 8, 100 keys shuffled: 0.955-0.967x the time of
+      // shuffling 64-bit addresses at D = 128, 0.92x at D = 64). Unrolled by four at D = 128
+      // (by eight: slower, and the TMA paths' code spilled) and by two at D = 64 (0.97x one's).
       const KvRowAddr rows = paged_row_addr(t);
       const int32_t rows_left = t >= 0 ? w.seq.len_kv - t * kKvTile : 0;
-      constexpr int kUnroll = kD == 64 ? 1 : 4;
+      const char* k = reinterpret_cast<const char*>(static_cast<const Element*>(p.k) +
+                                                    int64_t(w.h) * p.k_stride_head + col);
+      const char* v = reinterpret_cast<const char*>(static_cast<const Element*>(p.v) +
+                                                    int64_t(w.h) * p.v_stride_head + col);
+      constexpr int kUnroll = kD == 64 ? 2 : 4;
 #pragma unroll kUnroll
       for (int i = 0; i < kIters; ++i) {
         const bool valid = r0 + i * kRowStep < rows_left;
         const int src = i * kCpRowsPerWarp + r0 % kCpRowsPerWarp;
-        const auto k_src = reinterpret_cast<const Element*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(rows.k), src));
-        const auto v_src = reinterpret_cast<const Element*>(
-            __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(rows.v), src));
-        cp_async_16(k_dst + i * k_dst_step, k_src + col, valid);
-        cp_async_16(v_dst + i * v_dst_step, v_src + col, valid);
+        const uint32_t k_row = __shfl_sync(0xffffffffu, rows.k, src);
+        const uint32_t v_row = __shfl_sync(0xffffffffu, rows.v, src);
+        cp_async_16(k_dst + i * k_dst_step, k + uint64_t(k_row) * p.cp_k_unit, valid);
+        cp_async_16(v_dst + i * v_dst_step, v + uint64_t(v_row) * p.cp_v_unit, valid);
       }
     } else {
       const Element* k = static_cast<const Element*>(p.k) + int64_t(w.h) * p.k_stride_head + col;

@@ -115,6 +115,12 @@ struct AttentionParams {
   // page_size as a launch-time divisor, for the cp.async path's page lookups (paged_kv.hpp);
   // last in the struct, so that the other fields keep their constant-bank offsets.
   FastDivmod page_div;
+  // Paged KV by cp.async (paged_kv.hpp): row j of page `page` starts cp_k_unit *
+  // (page * cp_k_page_units + j * cp_k_token_units) bytes past the head's K base (unit: the two
+  // strides' gcd in bytes; check_supported keeps every such row number below 2^32), and V alike.
+  // A lane's row then shuffles as one 32-bit value per operand.
+  uint32_t cp_k_unit = 0, cp_k_page_units = 0, cp_k_token_units = 0;
+  uint32_t cp_v_unit = 0, cp_v_page_units = 0, cp_v_token_units = 0;
 };
 
 }  // namespace flashprefill::cuda::attention
