@@ -59,8 +59,8 @@ inline PagedRowUnits paged_row_units(const fp_problem& p, bool v) {
 }
 
 // Whether every row of a paged pool (validated strides and sizes) has a number below 2^32, K
-// and V; the CUDA attention stage rejects pools that do not (about 512 GB per operand for
-// token strides of 1024 elements, 64 GB at the least).
+// and V; the CUDA attention stage rejects pools that do not (8 TiB per operand for NHD pools
+// with token strides of 1024 elements; 64 GiB at the least, a unit being 16 bytes or more).
 inline bool paged_rows_fit_32_bits(const fp_problem& p) {
   for (const bool v : {false, true}) {
     const PagedRowUnits u = paged_row_units(p, v);
@@ -71,6 +71,7 @@ inline bool paged_rows_fit_32_bits(const fp_problem& p) {
   }
   return true;
 }
+
 inline constexpr int kMaxSplits = 16;
 inline constexpr int kMinTilesPerSplit = 8;
 inline constexpr int64_t kMaxPartialBytes = int64_t(1) << 30;
