@@ -64,10 +64,12 @@ TEST(SeqGeometry, RowDivisionAgreesOnBothSidesOf32Bits) {
   for (int32_t g : {1, 2, 3, 4, 5, 7, 8, 16}) {
     flashprefill::SeqGeometry seq;
     seq.group = g;
-    seq.len_q = INT32_MAX / 2;
+    seq.len_q = INT32_MAX - 5;  // positions r / g + 5, the last one INT32_MAX - 1
     seq.len_kv = INT32_MAX;
     for (int64_t r : {int64_t(0), int64_t(1), int64_t(g) * 1000 + g - 1, int64_t(INT32_MAX) - 1,
-                      int64_t(INT32_MAX), int64_t(INT32_MAX) + 1, int64_t(g) * INT32_MAX / 2 - 1}) {
+                      int64_t(INT32_MAX), int64_t(INT32_MAX) + 1, int64_t(g) * INT32_MAX / 2 - 1,
+                      int64_t(g) * seq.len_q - 1}) {
+      if (r >= int64_t(g) * seq.len_q) continue;  // not a row of the request (g = 1)
       EXPECT_EQ(seq.query_index(r), int32_t(r / g)) << "g " << g << " r " << r;
       EXPECT_EQ(seq.head_in_group(r), int32_t(r % g)) << "g " << g << " r " << r;
       EXPECT_EQ(seq.position(r), seq.offset() + int32_t(r / g)) << "g " << g << " r " << r;

@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 
@@ -45,6 +47,14 @@ TEST_P(Validation, EveryEntryPointReportsIt) {
   EXPECT_EQ(out.data, before) << "a failing call wrote to the output";
 }
 
+// An int outside an enum's values stored in the enum field, as a C or ctypes caller may (a
+// C++ cast to the enum type would itself be undefined).
+template <typename E>
+void store_bits(E& field, int32_t bits) {
+  static_assert(sizeof(E) == sizeof(int32_t));
+  std::memcpy(&field, &bits, sizeof bits);
+}
+
 std::vector<BadCase> cases() {
   using P = fp_problem;
   using C = fp_select_config;
@@ -53,8 +63,8 @@ std::vector<BadCase> cases() {
       {"heads_not_multiple", [](P& p, C&) { p.num_heads_q = 6; p.num_heads_kv = 4; }, E, "multiple of num_heads_kv"},
       {"head_dim_zero", [](P& p, C&) { p.head_dim = 0; }, E, "head_dim"},
       {"head_dim_too_large", [](P& p, C&) { p.head_dim = 1024; }, E, "head_dim"},
-      {"bad_dtype", [](P& p, C&) { p.dtype = fp_dtype(9); }, E, "dtype"},
-      {"bad_device", [](P& p, C&) { p.device = fp_device(5); }, E, "device"},
+      {"bad_dtype", [](P& p, C&) { store_bits(p.dtype, 9); }, E, "dtype"},
+      {"bad_device", [](P& p, C&) { store_bits(p.device, 5); }, E, "device"},
       {"batch_zero", [](P& p, C&) { p.batch_size = 0; }, E, "batch_size"},
       {"null_q", [](P& p, C&) { p.q = nullptr; }, E, "q is NULL"},
       {"null_k", [](P& p, C&) { p.k = nullptr; }, E, "k is NULL"},
@@ -70,7 +80,7 @@ std::vector<BadCase> cases() {
       {"max_seqlen_k_too_small", [](P& p, C&) { p.max_seqlen_k = 200; }, E, "max_seqlen_k"},
       {"negative_scale", [](P& p, C&) { p.softmax_scale = -1.f; }, E, "softmax_scale"},
       {"nan_scale", [](P& p, C&) { p.softmax_scale = NAN; }, E, "softmax_scale"},
-      {"bad_layout", [](P& p, C&) { p.kv_layout = fp_kv_layout(3); }, E, "kv_layout"},
+      {"bad_layout", [](P& p, C&) { store_bits(p.kv_layout, 3); }, E, "kv_layout"},
       {"alpha_nan", [](P&, C& c) { c.alpha = NAN; }, E, "alpha"},
       {"alpha_negative", [](P&, C& c) { c.alpha = -0.1f; }, E, "alpha"},
       {"alpha_above_one", [](P&, C& c) { c.alpha = 1.5f; }, E, "alpha"},

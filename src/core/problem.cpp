@@ -22,6 +22,16 @@ std::string format(const char* fmt, Args... args) {
 
 fp_status invalid(std::string message) { return fail(FP_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
+// The stored value of an enum field, read as an integer: callers through the C ABI (C, ctypes)
+// may store any int there, and loading an out-of-range value as the C++ enum is undefined.
+template <typename E>
+int32_t enum_bits(const E& field) {
+  static_assert(sizeof(E) == sizeof(int32_t));
+  int32_t bits;
+  std::memcpy(&bits, &field, sizeof bits);
+  return bits;
+}
+
 // True when no two elements of a strided tensor alias: with dims sorted by stride, each stride
 // must step over the whole extent of the dims inside it.
 bool non_overlapping(std::vector<std::pair<int64_t, int64_t>> dims /* (stride, extent) */) {
@@ -160,10 +170,13 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
   if (problem == nullptr) return invalid("problem is NULL");
   const fp_problem& p = *problem;
   info->p = problem;
-  if (p.device != FP_DEVICE_CPU && p.device != FP_DEVICE_CUDA)
-    return invalid(format("unknown device %d", int(p.device)));
-  if (p.dtype != FP_FLOAT32 && p.dtype != FP_BFLOAT16 && p.dtype != FP_FLOAT16)
-    return invalid(format("unknown dtype %d", int(p.dtype)));
+  if (const int32_t d = enum_bits(p.device); d != FP_DEVICE_CPU && d != FP_DEVICE_CUDA)
+    return invalid(format("unknown device %d", d));
+  if (const int32_t d = enum_bits(p.dtype); d != FP_FLOAT32 && d != FP_BFLOAT16 && d != FP_FLOAT16)
+    return invalid(format("unknown dtype %d", d));
+  // Read once as an integer; reported where the KV checks begin, after q's.
+  const int32_t layout = enum_bits(p.kv_layout);
+  const bool layout_known = layout == FP_KV_CONTIGUOUS || layout == FP_KV_PAGED;
   if (p.batch_size < 1) return invalid(format("batch_size must be >= 1, got %d", p.batch_size));
   if (p.num_heads_q < 1 || p.num_heads_kv < 1)
     return invalid(format("num_heads_q (%d) and num_heads_kv (%d) must be >= 1", p.num_heads_q,
@@ -183,6 +196,7 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
                                p.num_heads_q, p.head_dim);
       s != FP_OK)
     return s;
+  if (!layout_known) return invalid(format("unknown kv_layout %d", layout));
   if (p.kv_layout == FP_KV_CONTIGUOUS) {
     if (p.total_k < 0) return invalid("total_k must be >= 0");
     if (p.cu_seqlens_k == nullptr) return invalid("cu_seqlens_k is NULL");
@@ -217,8 +231,6 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
         return invalid(format("%s strides (page %lld, token %lld, head %lld) overlap", name,
                               (long long)sp, (long long)st, (long long)sh));
     }
-  } else {
-    return invalid(format("unknown kv_layout %d", int(p.kv_layout)));
   }
   if (p.device == FP_DEVICE_CUDA) {
     if (!cuda::available())
