@@ -16,19 +16,21 @@ class PagedKV:
 
     Key j of request b is row j % page_size of page page_table[b, j // page_size] (Eq. 22).
 
-    Speed on CUDA (H200, dense 32K; docs/PERF.md): caches whose page stride is page_size token
-    strides (pages back to back, as in a contiguous [num_pages, page_size, Hkv, D] tensor) with
-    pages of a multiple of 16 keys are read by TMA: 1.02-1.04x the contiguous time at 128 keys
-    per page, 1.06-1.09x at 64 with a request's pages in consecutive order (1.17-1.21x
-    shuffled), 1.3x at 32, 1.5-1.6x at 16. Other caches (SGLang's default page size of 1,
-    pages with gaps) go through cp.async at 1.95-2.03x. With pages back to back, wherever 128
+    Speed on CUDA (H200, bf16, D = 128, dense 32K; docs/PERF.md, seventeenth session): caches
+    whose page stride is page_size token strides (pages back to back, as in a contiguous
+    [num_pages, page_size, Hkv, D] tensor) with pages of a multiple of 16 keys are read by TMA:
+    1.02-1.05x the contiguous time at 128 keys per page; at 64 keys 1.02-1.04x with a request's
+    pages in consecutive order and 1.12-1.14x shuffled; 1.18-1.20x at 32 and 1.21-1.26x at 16,
+    shuffled. Other caches (SGLang's default page size of 1, pages of 8 or 100 keys, pages with
+    gaps) go through cp.async: 1.44-1.50x shuffled. With pages back to back, wherever 128
     consecutive keys of a request lie in consecutive pool rows (pages allocated in order) they
-    come in one TMA box at any page size: 1.00-1.09x at page size 1 or 100, 1.1x at 16, 1.14x
-    at page size 1 or 16 with the pages in runs of 1024 keys.
+    come in one TMA box at any page size: 1.00-1.09x at page size 1 or 100, 1.04-1.08x at 16,
+    1.06-1.12x at page size 1 or 16 with the pages in runs of 1024 keys.
 
     Attributes:
         k_cache, v_cache: [num_pages, page_size, Hkv, D] in q's dtype and place; the head
-            dimension contiguous, the other strides free (in elements).
+            dimension contiguous, the other strides free (in elements; on CUDA multiples of 8,
+            and the pool's rows numbered in 32 bits: include/flashprefill/flashprefill.h).
         page_table: [B, max_pages_per_seq] integer; the entries a request uses lie in
             [0, num_pages). int32 in q's place is used as is; anything else (another integer
             dtype, a list, a host array for CUDA q) is converted into q's place.
