@@ -11,6 +11,9 @@ Arrays are numpy (CPU; float32, float16, and bfloat16 through ml_dtypes) or torc
 CUDA; float32, bfloat16, float16). api.py states the shared conventions (layouts, varlen
 metadata, causal alignment, places); each call's docstring states its tensors.
 
+Hugging Face transformers: `import flashprefill.hf; flashprefill.hf.register()`, then
+attn_implementation="flashprefill" (hf.py; needs torch and transformers, imported only there).
+
 The shared library is found through FLASHPREFILL_LIB, else build/libflashprefill.so of the
 repository this package sits in, else the system library path.
 """

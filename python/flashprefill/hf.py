@@ -1,0 +1,184 @@
+"""Hugging Face transformers attention backend: FlashPrefill V2 prefill, dense decode.
+
+    import flashprefill.hf
+    flashprefill.hf.register()                     # attn_implementation "flashprefill"
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="flashprefill")
+
+Every causal self-attention call of the model goes through the library: a call with more than
+one query per request runs `flashprefill.prefill` (index stage, block-sparse attention, mean
+correction; a cached prefix is the request's KV beyond its queries), a call with one query per
+request (decoding) runs exact `flashprefill.dense_attention`, as the paper keeps decoding dense.
+Tensors stay where the model has them: CUDA tensors (bfloat16 / float16, head_dim 64 or 128)
+on the GPU kernels, CPU tensors (float32 too) on the CPU reference.
+
+Masks: the backend registers transformers' FlashAttention-style mask function, so a batch
+without padding reaches it with no mask and a padded batch with the [B, kv_length] boolean
+padding mask; padded rows are dropped (each request keeps its valid tokens, in order) and their
+outputs are zeros. What the library cannot compute raises instead of falling back: non-causal
+attention, sliding windows, logit softcapping, attention sinks, additive position biases,
+dropout in training, attention weights (output_attentions), masks of any other shape, and
+caches whose new tokens are not their last positions (static caches).
+
+Needs torch and transformers >= 5 (its AttentionInterface and AttentionMaskInterface); importing
+this module does not import either.
+"""
+
+import functools
+
+from . import api
+
+_UNSUPPORTED = {
+    "sliding_window": "sliding-window attention",
+    "softcap": "logit softcapping",
+    "s_aux": "attention sinks",
+    "sinks": "attention sinks",
+    "position_bias": "additive position biases",
+}
+
+
+def register(name="flashprefill", *, alpha=0.1, block_size=128, sink_tokens=256,
+             window_tokens=512, dense_recent_tiles=1, mean_correction=True):
+    """Registers the backend under `name` with transformers' attention and mask interfaces.
+
+    The selection arguments are prefill's (help(flashprefill.prefill)); alpha = 0 makes every
+    call exact. Returns the attention function that was registered."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+
+    forward = functools.partial(attention_forward, alpha=alpha, block_size=block_size,
+                                sink_tokens=sink_tokens, window_tokens=window_tokens,
+                                dense_recent_tiles=dense_recent_tiles,
+                                mean_correction=mean_correction)
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, flash_attention_mask)
+    return forward
+
+
+def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                      *, alpha=0.1, block_size=128, sink_tokens=256, window_tokens=512,
+                      dense_recent_tiles=1, mean_correction=True, **kwargs):
+    """One attention call in transformers' convention.
+
+    query [B, Hq, Lq, D], key and value [B, Hkv, Lk, D] (Lk >= Lq: the last Lq keys are the
+    queries' own); attention_mask None or a [B, >= Lk] boolean padding mask (True = a token).
+    Returns (out [B, Lq, Hq, D] in query's dtype, None)."""
+    import torch
+
+    _check_supported(module, attention_mask, dropout, kwargs)
+    batch, heads_q, len_q, head_dim = query.shape
+    if (key.dim() != 4 or key.shape[0] != batch or key.shape[3] != head_dim or
+            key.shape != value.shape):
+        raise ValueError(f"flashprefill.hf: key {tuple(key.shape)} and value {tuple(value.shape)} "
+                         f"do not match query {tuple(query.shape)}")
+    len_k = key.shape[2]
+    if len_q > len_k:
+        raise ValueError(f"flashprefill.hf: {len_q} queries against {len_k} keys")
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, -len_k:]
+        if bool(attention_mask.all()):
+            attention_mask = None
+
+    # [B, H, L, D] -> [B, L, H, D]: the head dimension stays contiguous.
+    q = query.transpose(1, 2)
+    k = key.transpose(1, 2)
+    v = value.transpose(1, 2)
+    heads_k = k.shape[2]
+    q_rows = None
+    packed = _packed_lengths(kwargs, batch, len_q, len_k, attention_mask)
+    if attention_mask is None:
+        if packed is not None:  # one row holding several requests back to back
+            cu_q, cu_k, max_q, max_k = packed
+        else:
+            cu_q = [i * len_q for i in range(batch + 1)]
+            cu_k = [i * len_k for i in range(batch + 1)]
+            max_q, max_k = len_q, len_k
+        if batch == 1:  # views, no copies: token and head strides are free
+            q, k, v = q[0], k[0], v[0]
+        else:
+            q = q.reshape(batch * len_q, heads_q, head_dim)
+            k = k.reshape(batch * len_k, heads_k, head_dim)
+            v = v.reshape(batch * len_k, heads_k, head_dim)
+    else:
+        # Each request keeps its valid tokens in order; its queries are the last len_q of its
+        # positions, so the valid ones are its last valid keys (bottom-right alignment holds).
+        valid_k = attention_mask.to(device=query.device, dtype=torch.bool)
+        valid_q = valid_k[:, -len_q:]
+        if len_q < len_k and not bool(valid_q.all()):
+            # New tokens behind a cache must be its last positions (a static cache's unfilled
+            # slots would put them elsewhere).
+            raise NotImplementedError("flashprefill.hf: new tokens that are not the last "
+                                      "positions of the cache (a static cache?)")
+        k_rows = valid_k.reshape(-1).nonzero().squeeze(1)
+        q_rows = valid_q.reshape(-1).nonzero().squeeze(1)
+        cu_k = [0] + valid_k.sum(1).cumsum(0).tolist()
+        cu_q = [0] + valid_q.sum(1).cumsum(0).tolist()
+        max_q, max_k = len_q, len_k
+        q = q.reshape(batch * len_q, heads_q, head_dim).index_select(0, q_rows)
+        k = k.reshape(batch * len_k, heads_k, head_dim).index_select(0, k_rows)
+        v = v.reshape(batch * len_k, heads_k, head_dim).index_select(0, k_rows)
+
+    metadata = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                    max_seqlen_k=max_k)
+    if max_q == 1:
+        out = api.dense_attention(q, k, v, softmax_scale=scaling, **metadata)
+    else:
+        out = api.prefill(q, k, v, softmax_scale=scaling, block_size=block_size, alpha=alpha,
+                          sink_tokens=sink_tokens, window_tokens=window_tokens,
+                          dense_recent_tiles=dense_recent_tiles,
+                          mean_correction=mean_correction, **metadata)
+    if q_rows is None:
+        return out.reshape(batch, len_q, heads_q, head_dim), None
+    full = out.new_zeros(batch * len_q, heads_q, head_dim)
+    full.index_copy_(0, q_rows, out)
+    return full.reshape(batch, len_q, heads_q, head_dim), None
+
+
+def _packed_lengths(kwargs, batch, len_q, len_k, attention_mask):
+    """Requests packed back to back in one row (padding-free batches): the request boundaries
+    transformers passes (cu_seq_lens_q / _k with max_length_q / _k) or, failing those, the
+    restarts of position_ids. (cu_q, cu_k, max_q, max_k) as host values, or None."""
+    given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                                     "max_length_k")]
+    if all(x is not None for x in given):
+        if batch != 1 or attention_mask is not None:
+            raise NotImplementedError("flashprefill.hf: cu_seq_lens with a batch of several rows "
+                                      "or a padding mask")
+        cu_q, cu_k = (list(map(int, _host(x))) for x in given[:2])
+        return cu_q, cu_k, int(_host(given[2])), int(_host(given[3]))
+    positions = kwargs.get("position_ids")
+    if positions is None or batch != 1 or len_q != len_k or len_q < 2 or attention_mask is not None:
+        return None
+    steps = positions.reshape(-1)[1:] - positions.reshape(-1)[:-1]
+    if bool((steps == 1).all()):
+        return None
+    starts = [0] + ((steps != 1).nonzero().squeeze(1) + 1).tolist() + [len_q]
+    lengths = [b - a for a, b in zip(starts, starts[1:])]
+    return starts, starts, max(lengths), max(lengths)
+
+
+def _host(x):
+    return x.tolist() if hasattr(x, "tolist") else x
+
+
+def _check_supported(module, attention_mask, dropout, kwargs):
+    for name, what in _UNSUPPORTED.items():
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"flashprefill.hf: {what} ({name}) is not supported")
+    if kwargs.get("output_attentions"):
+        raise NotImplementedError("flashprefill.hf: attention weights (output_attentions) are "
+                                  "not computed")
+    is_causal = kwargs.get("is_causal")
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    if not is_causal:
+        raise NotImplementedError("flashprefill.hf: only causal attention is supported")
+    if dropout and getattr(module, "training", False):
+        raise NotImplementedError("flashprefill.hf: attention dropout is not supported")
+    import torch
+
+    if attention_mask is not None and (attention_mask.dim() != 2 or
+                                       attention_mask.dtype != torch.bool):
+        raise NotImplementedError(
+            "flashprefill.hf: only a [batch, kv_length] boolean padding mask is supported, got "
+            f"{str(attention_mask.dtype)} {tuple(attention_mask.shape)} (register() installs the "
+            "matching mask function)")
