@@ -88,9 +88,11 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     if attention_mask is None:
         if packed is not None:  # one row holding several requests back to back
             cu_q, cu_k, max_q, max_k = packed
-        else:
-            cu_q = [i * len_q for i in range(batch + 1)]
-            cu_k = [i * len_k for i in range(batch + 1)]
+        else:  # made where the tensors are: no host-to-device copy (nor its synchronization)
+            cu_q = torch.arange(0, (batch + 1) * len_q, len_q, dtype=torch.int32,
+                                device=query.device)
+            cu_k = torch.arange(0, (batch + 1) * len_k, len_k, dtype=torch.int32,
+                                device=query.device)
             max_q, max_k = len_q, len_k
         if batch == 1:  # views, no copies: token and head strides are free
             q, k, v = q[0], k[0], v[0]
@@ -117,8 +119,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         k = k.reshape(batch * len_k, heads_k, head_dim).index_select(0, k_rows)
         v = v.reshape(batch * len_k, heads_k, head_dim).index_select(0, k_rows)
 
-    # The lengths come from the tensors' shapes and the mask, valid by construction: on CUDA the
-    # library then skips its host-side check of them (a synchronization per call).
+    # The lengths come from the tensors' shapes, the mask or transformers, valid by construction:
+    # on CUDA the library then skips its host-side check of them (a synchronization per call).
     metadata = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
                     max_seqlen_k=max_k, validate_metadata=False)
     if max_q == 1:
@@ -138,15 +140,14 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
 def _packed_lengths(kwargs, batch, len_q, len_k, attention_mask):
     """Requests packed back to back in one row (padding-free batches): the request boundaries
     transformers passes (cu_seq_lens_q / _k with max_length_q / _k) or, failing those, the
-    restarts of position_ids. (cu_q, cu_k, max_q, max_k) as host values, or None."""
+    restarts of position_ids (read on the host). (cu_q, cu_k, max_q, max_k), or None."""
     given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
                                      "max_length_k")]
     if all(x is not None for x in given):
         if batch != 1 or attention_mask is not None:
             raise NotImplementedError("flashprefill.hf: cu_seq_lens with a batch of several rows "
                                       "or a padding mask")
-        cu_q, cu_k = (list(map(int, _host(x))) for x in given[:2])
-        return cu_q, cu_k, int(_host(given[2])), int(_host(given[3]))
+        return given[0], given[1], int(_host(given[2])), int(_host(given[3]))
     positions = kwargs.get("position_ids")
     if positions is None or batch != 1 or len_q != len_k or len_q < 2 or attention_mask is not None:
         return None
