@@ -626,8 +626,8 @@ void check_unsupported(const Geometry& g) {
     const char* message;  // a part of fp_last_error_message()
   };
   const Case cases[] = {
-      // V's pages 8 elements apart (a 16-byte unit) in a pool of 2^28 pages: its last row
-      // number passes 2^32 (the pool is never read).
+      // A pool of 2^28 pages: K's (17 tokens apart, the gap) and V's (16 tokens and 8 elements
+      // apart, a 16-byte unit) last row numbers both pass 2^32 (the pool is never read).
       {"paged pool past 2^32 rows",
        [](fp_problem& p) {
          p.v_stride_page = int64_t(p.page_size) * p.v_stride_token + 8;
