@@ -147,7 +147,7 @@ def _packed_lengths(kwargs, batch, len_q, len_k, attention_mask):
         if batch != 1 or attention_mask is not None:
             raise NotImplementedError("flashprefill.hf: cu_seq_lens with a batch of several rows "
                                       "or a padding mask")
-        return given[0], given[1], int(_host(given[2])), int(_host(given[3]))
+        return given[0], given[1], int(given[2]), int(given[3])  # int() of an int or 0-d tensor
     positions = kwargs.get("position_ids")
     if positions is None or batch != 1 or len_q != len_k or len_q < 2 or attention_mask is not None:
         return None
@@ -157,10 +157,6 @@ def _packed_lengths(kwargs, batch, len_q, len_k, attention_mask):
     starts = [0] + ((steps != 1).nonzero().squeeze(1) + 1).tolist() + [len_q]
     lengths = [b - a for a, b in zip(starts, starts[1:])]
     return starts, starts, max(lengths), max(lengths)
-
-
-def _host(x):
-    return x.tolist() if hasattr(x, "tolist") else x
 
 
 def _check_supported(module, attention_mask, dropout, kwargs):

@@ -158,18 +158,18 @@ struct TileLoader {
   // (kCpRowsPerWarp rows per iteration); lane l (mod 16) holds its l-th row's, looked up once
   // for the tile, and each iteration takes its row's by shuffle. Rows past the request hold 0
   // (harmless: their copies zero-fill).
-  struct KvRowAddr {
+  struct KvRows {
     uint32_t k;
     uint32_t v;
   };
   static constexpr int kCpRowStep = kThreads / kChunksPerRow;
   static constexpr int kCpRowsPerWarp = 32 / kChunksPerRow;
   static_assert(kCpRowsPerWarp * (kKvTile / kCpRowStep) == 16, "a warp copies 16 rows of a tile");
-  __device__ KvRowAddr paged_row_addr(int32_t t) const {
+  __device__ KvRows paged_rows(int32_t t) const {
     const int l = thread % 16;
     const int32_t jl =
         (thread / 32) * kCpRowsPerWarp + l % kCpRowsPerWarp + (l / kCpRowsPerWarp) * kCpRowStep;
-    KvRowAddr a{0, 0};
+    KvRows a{0, 0};
     if (t >= 0 && jl < w.seq.len_kv - t * kKvTile) {
       int32_t slot, in_page;
       p.page_div.divmod(t * kKvTile + jl, slot, in_page);  // a runtime `/` took ~20 instructions
@@ -183,7 +183,7 @@ struct TileLoader {
   // KV tile t: keys [64 t, 64 t + 64) of the request into rows [64 half, 64 half + 64) of stage
   // `stage`; t < 0 zero-fills them. A thread copies one 16-byte column chunk of every
   // kRowStep-th row, so its addresses advance by constant strides. Paged KV takes the lanes' row
-  // addresses from paged_row_addr(t) (Eq. 22), looked up just before the tile's copies (both
+  // numbers from paged_rows(t) (Eq. 22), looked up just before the tile's copies (both
   // tiles' lookups first, so that their latencies overlap, ran 0-3 % slower: H200, pages of 1,
   // 8, 100 keys).
   template <class SmemK, class SmemVt>
@@ -203,7 +203,7 @@ struct TileLoader {
       // thread's column (H200, pages of 1, 8, 100 keys shuffled: 0.955-0.967x the time of
       // shuffling 64-bit addresses at D = 128, 0.92x at D = 64). Unrolled by four at D = 128
       // (by eight: slower, and the TMA paths' code spilled) and by two at D = 64 (0.97x one's).
-      const KvRowAddr rows = paged_row_addr(t);
+      const KvRows rows = paged_rows(t);
       const int32_t rows_left = t >= 0 ? w.seq.len_kv - t * kKvTile : 0;
       const char* k = reinterpret_cast<const char*>(static_cast<const Element*>(p.k) +
                                                     int64_t(w.h) * p.k_stride_head + col);
