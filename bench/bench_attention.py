@@ -12,9 +12,10 @@ causal FLOPs, 4 * Hq * D * (causal query-key pairs).
 
 Rows:
   dense   L in --dense-lengths: our dense mode vs cuDNN / FLASH.
-  sparse  fixed block density rho on a random 128x128 block mask (diagonal forced), L = --sparse-length:
-          ours with and without mean correction vs FlexAttention on the same mask, and the
-          1.15 * rho * dense-time goal.
+  sparse  fixed block density rho on a random 128x128 block mask (diagonal forced), each L in
+          --sparse-lengths (32K, where an item at 5 % is ~8 stages, and 128K, the paper's 5 %
+          regime): ours with and without mean correction vs FlexAttention on the same mask, and
+          the 1.15 * rho * dense-time goal.
   prefill the demo's structured workload (fp_demo_workload: sinks, local band, vertical columns, needles):
           fp_build_index + fp_sparse_attention (default config) vs FLASH and cuDNN dense.
   batch   B = 4 at 32K, dense vs cuDNN; a mixed batch with cached prefixes, dense, vs FlexAttention
@@ -393,28 +394,42 @@ def add_lower_right_baselines(row, batch, ours_out, ours_ms):
 
 
 class Flex:
-    """FlexAttention on a 128x128 block mask; the mask lives in one buffer so that changing it
-    does not recompile."""
+    """FlexAttention on the same 128x128 block mask. The BlockMask is built from the block mask
+    itself (BlockMask.from_kv_blocks): the selected blocks below the diagonal are full blocks, the
+    diagonal block (always selected) the one partial block, with the causal mask_mod.
+    create_block_mask would evaluate the mask_mod at every (query, key) pair instead, 2^34 per
+    head at 128K."""
 
     def __init__(self, batch):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention
+        self.block_mask_type = BlockMask
         self.L = batch.len_q[0]
-        n = math.ceil(self.L / 128)
-        self.mask = torch.zeros(HKV, n, n, dtype=torch.bool, device="cuda")
         self.q = batch.q.view(1, -1, HQ, D).transpose(1, 2)
         self.k = batch.k.view(1, -1, HKV, D).transpose(1, 2)
         self.v = batch.v.view(1, -1, HKV, D).transpose(1, 2)
-        mask = self.mask
-
-        def mask_mod(b, h, qi, ki):
-            return mask[h // G, qi // 128, ki // 128] & (qi >= ki)
-        self.mask_mod = mask_mod
-        self.create = torch.compile(create_block_mask)  # builds the block mask on the GPU
         self.fn = torch.compile(flex_attention, dynamic=False)
 
+    @staticmethod
+    def causal(b, h, qi, ki):
+        return qi >= ki
+
     def bind(self, mask):
-        self.mask.copy_(mask)
-        bm = self.create(self.mask_mod, 1, HQ, self.L, self.L, device="cuda", BLOCK_SIZE=128)
+        """mask [HKV, n, n] (random_block_mask: diagonal set, nothing above it)."""
+        n = mask.shape[-1]
+        eye = torch.eye(n, dtype=torch.bool, device=mask.device)
+        full = (mask & ~eye).repeat_interleave(G, dim=0)[None]          # [1, HQ, n, n]
+        # Each row's full blocks first, in increasing order (a stable sort of "not selected").
+        full_idx = torch.argsort((~full).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        full_num = full.sum(-1, dtype=torch.int32)
+        # Index tensors span every KV block (from_kv_blocks reads their last size as the block
+        # count); entries past a row's count are ignored.
+        diag_num = torch.ones(1, HQ, n, dtype=torch.int32, device=mask.device)
+        diag_idx = torch.zeros(n, n, dtype=torch.int32, device=mask.device)
+        diag_idx[:, 0] = torch.arange(n, dtype=torch.int32, device=mask.device)
+        diag_idx = diag_idx.expand(1, HQ, n, n).contiguous()
+        bm = self.block_mask_type.from_kv_blocks(diag_num, diag_idx, full_num, full_idx,
+                                                 BLOCK_SIZE=128, mask_mod=Flex.causal,
+                                                 seq_lengths=(self.L, self.L))
         return lambda: self.fn(self.q, self.k, self.v, block_mask=bm, enable_gqa=True)
 
 
@@ -440,7 +455,7 @@ def main():
     ap.add_argument("--lib", default="build/libflashprefill.so")
     ap.add_argument("--json", default=None)
     ap.add_argument("--dense-lengths", default="8192,32768,131072")
-    ap.add_argument("--sparse-length", type=int, default=32768)
+    ap.add_argument("--sparse-lengths", default="32768,131072")
     ap.add_argument("--prefill-lengths", default="8192,32768,131072")
     ap.add_argument("--paged-length", type=int, default=32768)
     ap.add_argument("--skip", default="", help="comma list of row groups to skip")
@@ -492,6 +507,42 @@ def paged_fields(b, make_run, page_size, order, gen, contiguous_out, t_contiguou
                 maxdiff_vs_contiguous=(out.float() - contiguous_out.float()).abs().max().item(),
                 relerr_vs_contiguous=rel_err(out, contiguous_out),
                 finite=bool(torch.isfinite(out).all()), clock_mhz=common.last_clock_mhz)
+
+
+def sparse_rows(L, lib, gen, report, dense_ms):
+    """The sparse group at one length: random block masks at every rho, with and without
+    correction, against FlexAttention on the same mask."""
+    b = Batch([L], [L])
+    ours = Ours(lib, b)
+    t_dense = dense_ms.get(L) or median_ms(ours.dense)
+    try:
+        flex = Flex(b)
+    except Exception as e:  # noqa: BLE001 - report, keep benchmarking
+        flex = None
+        print("flex unavailable:", str(e).splitlines()[0][:120])
+    for rho in (0.5, 0.2, 0.1, 0.05):
+        mask = random_block_mask(L, rho, gen)
+        for corr in (0, 1):
+            density = ours.use_block_mask(mask, corr)
+            finite = bool(torch.isfinite(b.poisoned_run(ours.sparse)).all())
+            t = median_ms(ours.sparse)
+            clock = common.last_clock_mhz
+            t_latency = latency_ms(ours.sparse)
+            row = dict(row="sparse", L=L, rho=rho, density=density, correction=corr, ours_ms=t,
+                       dense_ms=t_dense, ratio_to_rho_dense=t / (density * t_dense), finite=finite,
+                       clock_mhz=clock, latency_ms=t_latency)
+            if corr == 0:
+                ref_out = b.out.clone()
+                try:
+                    fx = flex.bind(mask)
+                    err = rel_err(ref_out, fx().transpose(1, 2).reshape(L, HQ, D))
+                    t_flex = median_ms(fx)
+                    row.update(flex_ms=t_flex, speedup_vs_flex=t_flex / t, err_vs_flex=err)
+                except Exception as e:  # noqa: BLE001 - report, keep benchmarking
+                    row.update(flex="failed: " + str(e).splitlines()[0][:80])
+            report(row)
+    del b, ours
+    torch.cuda.empty_cache()
 
 
 def run_group(group, args, lib, gen, report, dense_ms):
@@ -553,38 +604,8 @@ def run_group(group, args, lib, gen, report, dense_ms):
             torch.cuda.empty_cache()
 
     if group == "sparse":
-        L = args.sparse_length
-        b = Batch([L], [L])
-        ours = Ours(lib, b)
-        t_dense = dense_ms.get(L) or median_ms(ours.dense)
-        try:
-            flex = Flex(b)
-        except Exception as e:  # noqa: BLE001 - report, keep benchmarking
-            flex = None
-            print("flex unavailable:", str(e).splitlines()[0][:120])
-        for rho in (0.5, 0.2, 0.1, 0.05):
-            mask = random_block_mask(L, rho, gen)
-            for corr in (0, 1):
-                density = ours.use_block_mask(mask, corr)
-                finite = bool(torch.isfinite(b.poisoned_run(ours.sparse)).all())
-                t = median_ms(ours.sparse)
-                clock = common.last_clock_mhz
-                t_latency = latency_ms(ours.sparse)
-                row = dict(row="sparse", L=L, rho=rho, density=density, correction=corr, ours_ms=t,
-                           dense_ms=t_dense, ratio_to_rho_dense=t / (density * t_dense), finite=finite,
-                           clock_mhz=clock, latency_ms=t_latency)
-                if corr == 0:
-                    ref_out = b.out.clone()
-                    try:
-                        fx = flex.bind(mask)
-                        err = rel_err(ref_out, fx().transpose(1, 2).reshape(L, HQ, D))
-                        t_flex = median_ms(fx)
-                        row.update(flex_ms=t_flex, speedup_vs_flex=t_flex / t, err_vs_flex=err)
-                    except Exception as e:  # noqa: BLE001 - report, keep benchmarking
-                        row.update(flex="failed: " + str(e).splitlines()[0][:80])
-                report(row)
-        del b, ours
-        torch.cuda.empty_cache()
+        for L in [int(x) for x in args.sparse_lengths.split(",")]:
+            sparse_rows(L, lib, gen, report, dense_ms)
 
     if group == "prefill":
         for L in [int(x) for x in args.prefill_lengths.split(",")]:
