@@ -17,7 +17,8 @@ Rows:
           regime): ours with and without mean correction vs FlexAttention on the same mask, and
           the 1.15 * rho * dense-time goal.
   prefill the demo's structured workload (fp_demo_workload: sinks, local band, vertical columns, needles):
-          fp_build_index + fp_sparse_attention (default config) vs FLASH and cuDNN dense.
+          fp_build_index + fp_sparse_attention (default config) vs FLASH and cuDNN dense, at each
+          L in --prefill-lengths (8K, 16K, 32K, 64K, 128K).
   batch   B = 4 at 32K, dense vs cuDNN; a mixed batch with cached prefixes, dense, vs FlexAttention
           (one call, document mask) and SDPA's memory-efficient backend per request, both with
           bottom-right causal alignment (cuDNN and FLASH take none when L_q != L_kv).
@@ -456,7 +457,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--dense-lengths", default="8192,32768,131072")
     ap.add_argument("--sparse-lengths", default="32768,131072")
-    ap.add_argument("--prefill-lengths", default="8192,32768,131072")
+    ap.add_argument("--prefill-lengths", default="8192,16384,32768,65536,131072")
     ap.add_argument("--paged-length", type=int, default=32768)
     ap.add_argument("--skip", default="", help="comma list of row groups to skip")
     args = ap.parse_args()
