@@ -403,7 +403,7 @@ class Flex:
 
     def __init__(self, batch):
         from torch.nn.attention.flex_attention import BlockMask, flex_attention
-        self.block_mask_type = BlockMask
+        self.from_kv_blocks = BlockMask.from_kv_blocks
         self.L = batch.len_q[0]
         self.q = batch.q.view(1, -1, HQ, D).transpose(1, 2)
         self.k = batch.k.view(1, -1, HKV, D).transpose(1, 2)
@@ -428,9 +428,8 @@ class Flex:
         diag_idx = torch.zeros(n, n, dtype=torch.int32, device=mask.device)
         diag_idx[:, 0] = torch.arange(n, dtype=torch.int32, device=mask.device)
         diag_idx = diag_idx.expand(1, HQ, n, n).contiguous()
-        bm = self.block_mask_type.from_kv_blocks(diag_num, diag_idx, full_num, full_idx,
-                                                 BLOCK_SIZE=128, mask_mod=Flex.causal,
-                                                 seq_lengths=(self.L, self.L))
+        bm = self.from_kv_blocks(diag_num, diag_idx, full_num, full_idx, BLOCK_SIZE=128,
+                                 mask_mod=Flex.causal, seq_lengths=(self.L, self.L))
         return lambda: self.fn(self.q, self.k, self.v, block_mask=bm, enable_gqa=True)
 
 
