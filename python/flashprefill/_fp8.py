@@ -38,6 +38,16 @@ def default_out_dtype(qa):
     return _arrays._torch().bfloat16
 
 
+def out_dtype_code(oa):
+    """fp_problem.out_dtype of an FP8 problem's out: FP_FLOAT32 (0) would mean the default, so
+    a float32 out is refused here; the library checks the rest."""
+    code = _arrays.fp_dtype(oa)
+    if code == DType.FLOAT32:
+        raise ValueError(f"{oa.name}: dtype {oa.dtype}; an FP8 problem writes bfloat16 or "
+                         f"float16")
+    return code
+
+
 def empty(like, shape, dtype):
     """An uninitialized contiguous array of `dtype` (numpy or torch dtype) in like's place."""
     if like.device is None:

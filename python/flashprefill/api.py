@@ -61,7 +61,7 @@ class _Outputs:
         oa = _arrays.wrap(out, "out", 3)
         _arrays.require_same_place(q, oa)
         if problem.fp8 and oa.shape == q.shape and oa.dtype != problem.out_dtype:
-            problem.c.out_dtype = _arrays.fp_dtype(oa)  # the library checks bf16 / fp16
+            problem.c.out_dtype = _fp8.out_dtype_code(oa)
         elif oa.dtype != problem.out_dtype or oa.shape != q.shape:
             raise ValueError(f"out: expected shape {q.shape} and dtype {problem.out_dtype}, got "
                              f"{oa.shape} {oa.dtype}")

@@ -81,13 +81,16 @@ void attend_tile_e4m3(const ProblemInfo& info, const fp_output& output, int32_t 
           key.push_back(j);
           stage_max = std::max(stage_max, s);
         }
-      if (stage_max == -INFINITY) continue;
+      if (x.empty()) continue;
+      // The maximum skips NaN scores (fmaxf), which then make P~ and the output NaN; with no
+      // finite score yet, the base is 0.
       const float m_new = std::max(m, stage_max);
-      const float rescale = std::exp2(m - m_new);  // 0 while nothing has been seen
+      const float base = m_new == -INFINITY ? 0.f : m_new;
+      const float rescale = std::exp2(m - base);  // 0 while nothing has been seen
       l *= rescale;
       for (float& a : acc) a *= rescale;
       for (size_t n = 0; n < x.size(); ++n) {
-        const float w = round_to_e4m3(std::exp2(x[n] - (m_new - kProbabilityOffsetLog2)));
+        const float w = round_to_e4m3(std::exp2(x[n] - (base - kProbabilityOffsetLog2)));
         l += w;
         axpy(w, &keys.v[size_t(key[n]) * D], acc.data(), D);
       }
@@ -97,11 +100,11 @@ void attend_tile_e4m3(const ProblemInfo& info, const fp_output& output, int32_t 
     const int64_t token = info.cu_q[b] + seq.query_index(r);
     const int64_t head = int64_t(h) * info.group + seq.head_in_group(r);
     const int64_t base = token * output.out_stride_token + head * output.out_stride_head;
-    const float norm = l > 0.f ? c_v / l : 0.f;  // O = c_v sum P~ V~ / sum P~
+    const float norm = l == 0.f ? 0.f : c_v / l;  // O = c_v sum P~ V~ / sum P~
     for (int32_t d = 0; d < D; ++d) store(output.out, base + d, info.fp8.out_dtype, acc[d] * norm);
     if (output.lse)
       output.lse[head * p.total_q + token] =
-          l > 0.f ? (m + std::log2(l) - kProbabilityOffsetLog2) * kLn2 : -INFINITY;
+          l == 0.f ? -INFINITY : (m + std::log2(l) - kProbabilityOffsetLog2) * kLn2;
   }
 }
 
