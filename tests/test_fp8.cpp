@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -14,6 +15,11 @@ using flashprefill::ref::e4m3_to_float;
 using flashprefill::ref::float_to_e4m3;
 
 namespace {
+
+// The FP8 fields are appended: every field before them keeps its offset (LP64).
+static_assert(sizeof(void*) != 8 || (offsetof(fp_problem, seqlens_k) == 208 &&
+                                     offsetof(fp_problem, kv_dtype) == 216 &&
+                                     sizeof(fp_problem) == 296));
 
 TEST(E4m3, DecodesEveryCode) {
   EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.f, -9));   // smallest subnormal

@@ -214,6 +214,11 @@ def test_errors(rng):
         fp.dense_attention(q8, k8, v8, out=np.empty(q.shape, np.float32))
 
 
+def test_plan_refuses_fp8():
+    with pytest.raises(TypeError, match="Plan takes"):
+        fp.Plan(2, 1, 16, np.dtype(E4M3), None, [0, 8], 8, 8, cu_seqlens_k=[0, 8])
+
+
 def test_cuda_is_unsupported(rng):
     """The C ABI refuses an FP8 problem on CUDA (no kernel yet), before touching any pointer."""
     q, k, v = random_qkv(rng, 64, 64, 2, 1, 64)
