@@ -66,8 +66,8 @@ inline float e4m3_to_float(uint8_t b) {
   const uint32_t exp = (b >> 3) & 0xf, mant = b & 7;
   float a;
   if (exp == 15 && mant == 7) a = NAN;
-  else if (exp == 0) a = std::ldexp(float(mant), -9);
-  else a = std::ldexp(float(8 + mant), int(exp) - 10);
+  else if (exp == 0) a = float(mant) * 0.001953125f;           // mant * 2^-9
+  else a = bits_to_float(((exp + 120) << 23) | (mant << 20));  // (1 + mant / 8) 2^(exp - 7)
   return (b & 0x80) ? -a : a;
 }
 
