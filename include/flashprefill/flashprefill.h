@@ -22,9 +22,9 @@
  * dtype is bfloat16 or float16 and no tensor is e4m3 (no FP8 kernel yet); D is 64 or 128;
  * every q/k/v stride (page strides included) is a multiple of 8 elements; q, k and v are
  * 16-byte aligned; out is 4-byte aligned with even strides; with mean correction, the index's
- * k_mean and v_mean are 16-byte aligned; and, paged, (num_pages - 1) * page_stride + (page_size - 1) * token_stride of K and of V is below 2^32
- * times gcd(page_stride, token_stride) (for [num_pages, page_size, Hkv, D] pools: at most
- * 2^32 rows in all).
+ * k_mean and v_mean are 16-byte aligned; and, paged, (num_pages - 1) * page_stride +
+ * (page_size - 1) * token_stride of K and of V is below 2^32 times gcd(page_stride,
+ * token_stride) (for [num_pages, page_size, Hkv, D] pools: at most 2^32 rows in all).
  *
  * docs/ALGORITHM.md is the contract for the index format and every stage.
  */
