@@ -1,5 +1,5 @@
-"""Paired A/B of two or more builds of the library: all builds in one process, on the same
-buffers, timed in interleaved rounds.
+"""Compares two or more builds of the library: all builds in one process, on the same buffers,
+timed in interleaved rounds (scripts/gpu_check.sh runs it with FP_BASELINE_LIB).
 
 Why: separate processes see different allocations and a GPU whose clocks drift with its power
 draw; on the H200 that spreads one build's sparse rows by 5-10 % from call to call, more than
@@ -22,25 +22,31 @@ Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128 or --head-dim 64, ca
           pool): bench_attention.PAGED_ROWS (pages of 1-128 keys shuffled, some in order or in
           runs of 1024 keys);
           the contiguous row first, with each build's paged / contiguous time.
+  batch   dense B = 4 at 32K, and the mixed batch with cached prefixes of bench_attention.py.
 
 A build's single step (one timing, one checked run) that runs past --hang-s seconds (60) ends
-the run with the row, the build and a traceback (hang_guard.py): a hung kernel costs a minute
-of device time, not the call's whole limit.
+the run with the row, the build and a traceback (hang_guard.py): a hung kernel costs a minute,
+not the run's whole time limit. With --results DIR the rows also go into a results file
+(bench/common.py), as the benchmarks' do.
 
-Usage: python3 bench/paired_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse,sparse128k]
-       [--rounds N] [--head-dim 64] [--hang-s S]      (rows: any of dense,sparse,sparse128k,paged)
+Usage: python3 tools/compare_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse,...]
+       [--rounds N] [--head-dim 64] [--hang-s S] [--results DIR]
+       (rows: any of dense,sparse,sparse128k,paged,batch)
 """
 
 import argparse
+import pathlib
 import statistics
 import sys
 
 import torch
 from torch.nn.attention import SDPBackend
 
-import bench_attention as ba
-from common import median_ms
-from hang_guard import guard
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+import bench_attention as ba  # noqa: E402
+import common  # noqa: E402
+from common import median_ms  # noqa: E402
+from hang_guard import guard  # noqa: E402
 
 SEED = 1234
 HANG_S = 60.0  # --hang-s: a build's single step (one timing, one checked run) that takes longer
@@ -64,8 +70,15 @@ def paired(fns, rounds, reps, label=""):
     return out
 
 
+ROWS = []  # what report() printed, for --results
+
+
 def report(label, times, extra=None):
     names = list(times)
+    ROWS.append({"row": label, "ms": {n: statistics.median(t) for n, t in times.items()},
+                 "ratio_to_first": {n: quartiles([t / b for t, b in zip(times[n], times[names[0]])])
+                                    for n in names[1:]},
+                 **({"extra": extra} if extra else {})})
     base = times[names[0]]
     cols = []
     for n in names:
@@ -117,10 +130,16 @@ def main():
     ap.add_argument("--head-dim", type=int, default=ba.D, choices=(64, 128))
     ap.add_argument("--hang-s", type=float, default=HANG_S,
                     help="seconds one step of one build may take before the run stops as hung")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="also write the rows into a results file in DIR")
     args = ap.parse_args()
+    started = common.utc_now()
     HANG_S = args.hang_s
     ba.D = args.head_dim  # every batch, baseline and FLOP count below reads it
-    libs = {name: ba.Lib(path) for name, path in (a.split("=") for a in args.libs.split(","))}
+    pairs = [a.split("=", 1) for a in args.libs.split(",")]
+    common.load_package(pairs[0][1])  # block-mask indexes and means (the same for every build)
+    libs = {name: ba.Lib(path) for name, path in pairs}
+    results = common.ResultsFile(args.results, "compare", started) if args.results else None
     rows = args.rows.split(",")
     torch.manual_seed(SEED)
     gen = torch.Generator(device="cuda")
@@ -178,6 +197,22 @@ def main():
                             for n in libs})
             print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
             del view, runs
+    if "batch" in rows:
+        for len_q, len_kv in (([32768] * 4, [32768] * 4),
+                              ([2048, 512, 8192, 1024], [32768, 16384, 8192, 65536])):
+            b = ba.Batch(len_q, len_kv)
+            ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
+            row = f"batch {len(len_q)} x {max(len_kv) // 1024}K" if len(set(len_kv)) == 1 \
+                else "batch mixed, prefixes"
+            diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()}, row)
+            t = paired({n: o.dense for n, o in ours.items()}, args.rounds, 3, row)
+            report(row, t, {n: f"({ba.tflops(b, statistics.median(t[n])):.0f} TFLOP/s)"
+                            for n in libs})
+            print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
+            del b, ours
+            torch.cuda.empty_cache()
+    if results:
+        print("results:", results.write(ROWS, complete=True))
     return 0
 
 
