@@ -24,10 +24,10 @@ Rows:
           and `demo_q_scaled`, the same with its queries scaled by one factor q_scale, chosen at
           --prefill-density-length so that the selection keeps --prefill-density (5 %) of the
           causal tiles there: the paper's needle-in-a-haystack regime at 128K.
-  chunk   chunked prefill: one short chunk against a long cached prefix (128 / 32K, 512 / 128K,
-          2048 / 64K), dense, with the heuristic's KV splits and with splitting forced off, vs
-          bottom-right causal baselines: FlexAttention (document mask) and SDPA's
-          memory-efficient backend (cuDNN and FLASH take none when L_q != L_kv).
+  chunk   chunked prefill: one short chunk against a long cached prefix (--chunk-shapes:
+          128 / 32K, 512 / 128K, 2048 / 64K), dense, with the heuristic's KV splits and with
+          splitting forced off, vs bottom-right causal baselines: FlexAttention (document mask)
+          and SDPA's memory-efficient backend (cuDNN and FLASH take none when L_q != L_kv).
   paged   L = --paged-length, dense: the same K/V in a paged cache (page sizes 1, 8, 16, 32, 64,
           100, 128, pages in shuffled order; 1, 16, 64 and 100 also in order; 1 and 16 also in runs
           of 1024 keys, the runs shuffled: page_permutation) against the contiguous
@@ -367,7 +367,10 @@ def lower_right_baselines(batch):
 
 def add_lower_right_baselines(row, batch, ours_out, ours_ms):
     """Times lower_right_baselines(batch) into `row`: each baseline's time, our speedup over it
-    and our output's relative error against its output (a failure is reported, the row kept)."""
+    and our output's relative error against its output (a failure is reported, the row kept).
+    Not on the CPU, where these baselines are compiled for or run on the GPU only."""
+    if DEV != "cuda":
+        return
     try:
         for name, (run, output) in lower_right_baselines(batch).items():
             run()
@@ -432,7 +435,7 @@ def structured_workload(lib, L):
                                        ctypes.c_int32(D), ctypes.c_uint64(DEMO_SEED),
                                        ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(k.data_ptr()),
                                        ctypes.c_void_p(v.data_ptr())))
-    return (t.to("cuda", torch.bfloat16) for t in (q, k, v))
+    return (t.to(DEV, torch.bfloat16) for t in (q, k, v))
 
 
 def main():
@@ -460,6 +463,8 @@ def main():
                     help="comma list of L:rho:source, sparse rows at a density a real model "
                          "measured ('' for none)")
     ap.add_argument("--paged-length", type=int, default=32768)
+    ap.add_argument("--chunk-shapes", default="128:32768,512:131072,2048:65536",
+                    help="comma list of L_q:L_kv, the chunk and paged_chunk rows")
     ap.add_argument("--skip", default="", help="comma list of row groups to skip")
     args = ap.parse_args()
     DEV = common.DEVICE = args.device
@@ -666,6 +671,11 @@ def empty_cache():
         torch.cuda.empty_cache()
 
 
+def chunk_shapes(args):
+    """[(L_q, L_kv)] of --chunk-shapes."""
+    return [tuple(int(x) for x in spec.split(":")) for spec in args.chunk_shapes.split(",")]
+
+
 def run_group(group, args, lib, gen, report, dense_ms):
     if group == "paged":
         L = args.paged_length
@@ -694,7 +704,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         empty_cache()
         # Chunked prefill on paged caches (the serving case: a new chunk against its cached
         # prefix, KV splits by the heuristic), against the contiguous layout.
-        for lq, lkv in ((128, 32768), (512, 131072), (2048, 65536)):
+        for lq, lkv in chunk_shapes(args):
             b = Batch([lq], [lkv])
             ours = Ours(lib, b)
             contiguous_out = b.poisoned_run(ours.dense)
@@ -758,7 +768,7 @@ def run_group(group, args, lib, gen, report, dense_ms):
         # cannot fill the GPU, so the heuristic splits each tile's KV range (Eq. 18) and a combine
         # kernel merges the partials; the row also times the call with splitting forced off
         # (FLASHPREFILL_ATTENTION_SPLITS=1, read at each call) and compares the two outputs.
-        for lq, lkv in ((128, 32768), (512, 131072), (2048, 65536)):
+        for lq, lkv in chunk_shapes(args):
             b = Batch([lq], [lkv])
             ours = Ours(lib, b)
             ref = b.poisoned_run(ours.dense)

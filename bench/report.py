@@ -44,9 +44,12 @@ def load_results(directory):
     return found
 
 
-def newest(results, bench):
-    """The newest (path, record) of one benchmark, or (None, None)."""
-    runs = [item for item in results if item[1]["bench"] == bench]
+def newest(results, bench, kinds=None):
+    """The newest (path, record) of one benchmark that has a row of one of `kinds` (any row when
+    None), or (None, None): a run cut short, or one of a few row groups, leaves the sections it
+    did not reach to an older run."""
+    runs = [item for item in results if item[1]["bench"] == bench
+            and (kinds is None or any(rows_of(item[1], kind) for kind in kinds))]
     return runs[-1] if runs else (None, None)
 
 
@@ -376,19 +379,20 @@ history has the branches and numbers):
 """
 
 
+PAGED_KINDS = ("paged", "paged_sparse", "paged_chunk", "chunk")
+
+
 def render_perf(results, plots):
-    attn_path, attn = newest(results, "attention")
-    index_path, index = newest(results, "index")
     head = para("What the benchmarks measure and how, rendered from the committed results files "
                 f"(one per run, with its command, date, machine and commit). To produce them: "
-                f"{RUN_HINT}.")
+                f"{RUN_HINT}. Each section reports the newest run that measured its rows.")
     parts = [STATIC_HEAD.format(intro=head),
-             prefill_section(attn_path, attn, plots),
-             sparse_section(attn_path, attn, plots),
-             dense_section(attn_path, attn, plots),
-             index_section(index_path, index),
-             paged_section(attn_path, attn, plots),
-             goals_section(attn),
+             prefill_section(*newest(results, "attention", ("prefill",)), plots),
+             sparse_section(*newest(results, "attention", ("sparse",)), plots),
+             dense_section(*newest(results, "attention", ("dense",)), plots),
+             index_section(*newest(results, "index")),
+             paged_section(*newest(results, "attention", PAGED_KINDS), plots),
+             goals_section(newest(results, "attention", ("dense", "sparse"))[1]),
              files_section(results),
              DID_NOT_WORK]
     return "\n".join(parts)
@@ -396,38 +400,50 @@ def render_perf(results, plots):
 
 # ---------------------------------------------------------------- README block
 
+def measured(record):
+    return f"{record['machine']}, {record['date'][:10]}, `{short(record['commit'])}`"
+
+
 def readme_block(results):
-    path, record = newest(results, "attention")
+    """The README's results table: the whole prefill on the demo's workload and on the ~5 %
+    workload at the longest length, and sparse attention at 5 % and at a real model's measured
+    density, each row with the machine, date and commit of its run."""
     lines = [README_BEGIN, ""]
-    if record is None:
-        lines += [para(f"Performance: {NOT_MEASURED} ({RUN_HINT}; docs/PERF.md says what is "
-                       "measured)."), "", README_END]
-        return "\n".join(lines)
-    body = []
-    prefill = rows_of(record, "prefill")
+    body, files = [], []
+    path, record = newest(results, "attention", ("prefill",))
     for workload, label in (("demo", "whole prefill, the demo's synthetic workload"),
-                            ("demo_q_scaled", "whole prefill, the demo's workload at ~5 % "
-                                              "density at 128K")):
-        rows = [r for r in prefill if r.get("workload", "demo") == workload]
+                            ("demo_q_scaled", "whole prefill, the demo's workload scaled to "
+                                              "~5 % density at 128K")):
+        rows = [r for r in rows_of(record, "prefill") if r.get("workload", "demo") == workload]
         if rows:
             r = max(rows, key=lambda r: r["L"])
             body.append([label, fmt_len(r["L"]), fmt_pct(r.get("density")),
-                         fmt_x(r.get("speedup_vs_fa2")), fmt_x(r.get("speedup_vs_cudnn"))])
+                         fmt_x(r.get("speedup_vs_fa2")), fmt_x(r.get("speedup_vs_cudnn")),
+                         measured(record)])
+            files.append(path.name)
+    path, record = newest(results, "attention", ("sparse",))
     dense = {r["L"]: r for r in rows_of(record, "dense")}
     for r in sorted(rows_of(record, "sparse"), key=lambda r: (r.get("source", ""), r["L"])):
         if r.get("correction") != 1 or (not r.get("source") and r["rho"] != 0.05):
             continue
         d = dense.get(r["L"], {})
-        label = (f"attention alone, {r['source']}'s measured density" if r.get("source")
-                 else "attention alone, random block mask")
+        label = (f"sparse attention, {r['source']}: its measured density" if r.get("source")
+                 else "sparse attention, a random block mask")
         body.append([label, fmt_len(r["L"]), fmt_pct(r.get("density")),
                      fmt_x(d["fa2_ms"] / r["ours_ms"]) if number(d.get("fa2_ms")) else "-",
-                     fmt_x(d["cudnn_ms"] / r["ours_ms"]) if number(d.get("cudnn_ms")) else "-"])
-    lines += [table(["workload", "L", "density", "vs FA2", "vs cuDNN"], body), "",
-              para(f"B = 1, Hq = 32, Hkv = 8, D = 128, bf16, mean correction on; "
-                   f"{record['machine']}, {record['date'][:10]}, "
-                   f"commit `{short(record['commit'])}` "
-                   f"(`bench/results/{path.name}`; docs/PERF.md has every row)."), "", README_END]
+                     fmt_x(d["cudnn_ms"] / r["ours_ms"]) if number(d.get("cudnn_ms")) else "-",
+                     measured(record)])
+        files.append(path.name)
+    if not body:
+        lines += [para(f"Performance: {NOT_MEASURED} ({RUN_HINT}; docs/PERF.md says what is "
+                       "measured)."), "", README_END]
+        return "\n".join(lines)
+    sources = ", ".join(f"`bench/results/{name}`" for name in dict.fromkeys(files))
+    lines += [table(["workload", "L", "density", "vs FA2", "vs cuDNN", "measured on"], body), "",
+              para("B = 1, Hq = 32, Hkv = 8, D = 128, bf16, mean correction on; speedups over "
+                   "torch SDPA's FLASH (FA2) and cuDNN backends in the same process; sparse "
+                   f"attention rows without the index stage. From {sources}; docs/PERF.md "
+                   "has every row."), "", README_END]
     return "\n".join(lines)
 
 
@@ -441,9 +457,11 @@ def replace_block(text, block):
 # ---------------------------------------------------------------- plots
 
 def make_plots(results, directory, prefix="perf"):
-    """PNG plots of the newest attention run into `directory`; {name: relative file name}."""
-    _, record = newest(results, "attention")
-    if record is None:
+    """PNG plots of the newest runs with the rows of each plot into `directory`;
+    {name: relative file name}."""
+    runs = {kind: newest(results, "attention", (kind,))[1]
+            for kind in ("prefill", "sparse", "dense", "paged")}
+    if not any(runs.values()):
         return {}
     try:
         import matplotlib
@@ -469,7 +487,7 @@ def make_plots(results, directory, prefix="perf"):
         plt.close(fig)
         made[name] = file
 
-    prefill = rows_of(record, "prefill")
+    prefill = rows_of(runs["prefill"], "prefill")
     if prefill:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         for workload in sorted({r.get("workload", "demo") for r in prefill}):
@@ -482,7 +500,7 @@ def make_plots(results, directory, prefix="perf"):
                     ax.plot(*zip(*pts), style, label=f"{workload}, vs {baseline}")
         save(fig, ax, "prefill", "sequence length", "speedup over dense attention",
              "Whole prefill (index + attention) against dense", "log", base=2)
-    sparse = [r for r in rows_of(record, "sparse") if not r.get("source")]
+    sparse = [r for r in rows_of(runs["sparse"], "sparse") if not r.get("source")]
     if sparse:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         for L in sorted({r["L"] for r in sparse}):
@@ -496,7 +514,7 @@ def make_plots(results, directory, prefix="perf"):
         ax.axhline(1.15, color="grey", lw=0.8, ls=":", label="goal 1.15")
         save(fig, ax, "sparse", "block density rho", "time / (rho x dense time)",
              "Sparse attention on random block masks", "log")
-    dense = sorted(rows_of(record, "dense"), key=lambda r: r["L"])
+    dense = sorted(rows_of(runs["dense"], "dense"), key=lambda r: r["L"])
     if dense:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         for key, label, style in (("ours_tflops", "flashprefill dense mode", "o-"),
@@ -506,7 +524,7 @@ def make_plots(results, directory, prefix="perf"):
                 ax.plot(*zip(*pts), style, label=label)
         save(fig, ax, "dense", "sequence length", "TFLOP/s (causal FLOPs)",
              "Dense causal attention", "log", base=2)
-    paged = rows_of(record, "paged")
+    paged = rows_of(runs["paged"], "paged")
     if paged:
         fig, ax = plt.subplots(figsize=(6.4, 4))
         for order, style in (("shuffled", "o-"), ("in_order", "s--"), ("runs", "^:")):
