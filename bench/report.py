@@ -411,12 +411,15 @@ def readme_block(results):
     lines = [README_BEGIN, ""]
     body, files = [], []
     path, record = newest(results, "attention", ("prefill",))
-    for workload, label in (("demo", "whole prefill, the demo's synthetic workload"),
-                            ("demo_q_scaled", "whole prefill, the demo's workload scaled to "
-                                              "~5 % density at 128K")):
+    for workload in ("demo", "demo_q_scaled"):
         rows = [r for r in rows_of(record, "prefill") if r.get("workload", "demo") == workload]
         if rows:
             r = max(rows, key=lambda r: r["L"])
+            label = "whole prefill, the demo's synthetic workload"
+            if workload == "demo_q_scaled":
+                label = (f"whole prefill, the demo's workload with queries scaled to "
+                         f"{fmt_pct(r.get('target_density'), 2)} density at "
+                         f"{fmt_len(r.get('calibrated_at', r['L']))}")
             body.append([label, fmt_len(r["L"]), fmt_pct(r.get("density")),
                          fmt_x(r.get("speedup_vs_fa2")), fmt_x(r.get("speedup_vs_cudnn")),
                          measured(record)])
@@ -474,8 +477,11 @@ def make_plots(results, directory, prefix="perf"):
     directory.mkdir(parents=True, exist_ok=True)
     made = {}
 
-    def save(fig, ax, name, xlabel, ylabel, title, *scale, **scale_kw):
+    def save(fig, ax, name, xlabel, ylabel, title, *scale, ticks=None, **scale_kw):
         ax.set_xscale(*scale, **scale_kw)
+        if ticks:
+            ax.set_xticks(list(ticks), list(ticks.values()))
+            ax.minorticks_off()
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -499,7 +505,8 @@ def make_plots(results, directory, prefix="perf"):
                     baseline = {"speedup_vs_fa2": "FA2", "speedup_vs_cudnn": "cuDNN"}[key]
                     ax.plot(*zip(*pts), style, label=f"{workload}, vs {baseline}")
         save(fig, ax, "prefill", "sequence length", "speedup over dense attention",
-             "Whole prefill (index + attention) against dense", "log", base=2)
+             "Whole prefill (index + attention) against dense", "log", base=2,
+             ticks={r["L"]: fmt_len(r["L"]) for r in prefill})
     sparse = [r for r in rows_of(runs["sparse"], "sparse") if not r.get("source")]
     if sparse:
         fig, ax = plt.subplots(figsize=(6.4, 4))
@@ -513,7 +520,8 @@ def make_plots(results, directory, prefix="perf"):
                             f"{'with' if corr else 'without'} correction")
         ax.axhline(1.15, color="grey", lw=0.8, ls=":", label="goal 1.15")
         save(fig, ax, "sparse", "block density rho", "time / (rho x dense time)",
-             "Sparse attention on random block masks", "log")
+             "Sparse attention on random block masks", "log",
+             ticks={r["rho"]: fmt_pct(r["rho"], 2) for r in sparse})
     dense = sorted(rows_of(runs["dense"], "dense"), key=lambda r: r["L"])
     if dense:
         fig, ax = plt.subplots(figsize=(6.4, 4))
@@ -523,7 +531,8 @@ def make_plots(results, directory, prefix="perf"):
             if pts:
                 ax.plot(*zip(*pts), style, label=label)
         save(fig, ax, "dense", "sequence length", "TFLOP/s (causal FLOPs)",
-             "Dense causal attention", "log", base=2)
+             "Dense causal attention", "log", base=2,
+             ticks={r["L"]: fmt_len(r["L"]) for r in dense})
     paged = rows_of(runs["paged"], "paged")
     if paged:
         fig, ax = plt.subplots(figsize=(6.4, 4))
@@ -533,7 +542,8 @@ def make_plots(results, directory, prefix="perf"):
             if pts:
                 ax.plot(*zip(*pts), style, label=f"pages {order.replace('_', ' ')}")
         save(fig, ax, "paged", "page size (keys)", "paged / contiguous time",
-             "Paged KV, dense mode", "log", base=2)
+             "Paged KV, dense mode", "log", base=2,
+             ticks={r["page_size"]: str(r["page_size"]) for r in paged})
     return made
 
 

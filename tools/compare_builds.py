@@ -13,9 +13,10 @@ L2 difference between the builds' outputs and whether every output is finite; th
 on fresh random inputs drawn from a fixed seed, so every build sees the same q/k/v and masks.
 
 Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128 or --head-dim 64, causal, bf16):
-  dense   ours at L = 8K, 32K, 128K, with cuDNN (SDPA) timed in the same rounds.
-  sparse  L = 32K, random 128x128 block masks at rho 50/20/10/5 % (diagonal forced), with and
-          without mean correction; also time / (density x the build's dense time at 32K).
+  dense   ours at L = 8K, 32K, 128K (--lengths), with cuDNN (SDPA) timed in the same rounds.
+  sparse  L = 32K (the second of --lengths), random 128x128 block masks at rho 50/20/10/5 %
+          (diagonal forced), with and without mean correction; also time / (density x the
+          build's dense time at that length).
   sparse128k  L = 128K, random block masks at rho 5 % and 1.5 % (the demo's density at 128K),
           with and without mean correction.
   paged   dense L = 32K on paged caches (bench_attention.PagedView, every build on the same
@@ -124,12 +125,17 @@ def sparse_rows(b, ours, gen, rhos, rounds, reps, label, dense=None):
 def main():
     global HANG_S
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("libs", help="NAME=path[,NAME=path...]; the first is the base of the ratios")
+    ap.add_argument("libs", help="NAME=path[,NAME=path...]; the first is the base of the ratios, "
+                                 "the package runs on the last")
     ap.add_argument("rows", nargs="?", default="dense,sparse")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--head-dim", type=int, default=ba.D, choices=(64, 128))
     ap.add_argument("--hang-s", type=float, default=HANG_S,
                     help="seconds one step of one build may take before the run stops as hung")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: the CPU reference, no cuDNN (a smoke run of the code paths)")
+    ap.add_argument("--lengths", default="8192,32768,131072",
+                    help="the dense rows' lengths; the sparse rows run at the second")
     ap.add_argument("--results", default=None, metavar="DIR",
                     help="also write the rows into a results file in DIR")
     args = ap.parse_args()
@@ -137,50 +143,59 @@ def main():
     HANG_S = args.hang_s
     ba.D = args.head_dim  # every batch, baseline and FLOP count below reads it
     pairs = [a.split("=", 1) for a in args.libs.split(",")]
-    common.load_package(pairs[0][1])  # block-mask indexes and means (the same for every build)
+    # The last build (the newest, by convention) also makes the block-mask indexes and means
+    # through the package: the same arrays for every build.
+    common.load_package(pairs[-1][1])
     libs = {name: ba.Lib(path) for name, path in pairs}
     results = common.ResultsFile(args.results, "compare", started) if args.results else None
     rows = args.rows.split(",")
     torch.manual_seed(SEED)
-    gen = torch.Generator(device="cuda")
+    ba.DEV = common.DEVICE = args.device
+    gen = torch.Generator(device=args.device)
     gen.manual_seed(SEED)
     print(f"paired rounds={args.rounds}; [median (quartiles)] of time / {next(iter(libs))}'s "
           "time in the same round", flush=True)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    mid = lengths[1] if len(lengths) > 1 else lengths[0]  # the sparse and paged rows' length
     dense32 = {}
     if "dense" in rows:
-        for L, reps, rounds in ((8192, 9, args.rounds), (32768, 5, args.rounds),
-                                (131072, 3, max(3, args.rounds // 3))):
+        for L in lengths:
+            reps = 9 if L <= 8192 else 5 if L <= 32768 else 3
+            rounds = args.rounds if L <= 32768 else max(3, args.rounds // 3)
             b = ba.Batch([L], [L])
             ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
             diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()}, f"dense L={L}")
             fns = {n: o.dense for n, o in ours.items()}
-            fns["cudnn"] = ba.sdpa(b, SDPBackend.CUDNN_ATTENTION)
+            if args.device == "cuda":
+                fns["cudnn"] = ba.sdpa(b, SDPBackend.CUDNN_ATTENTION)
             t = paired(fns, rounds, reps, f"dense L={L}")
-            if L == 32768:
+            if L == mid:
                 dense32 = {n: statistics.median(t[n]) for n in libs}
-            cudnn = statistics.median(t["cudnn"])
-            extra = {n: f"{cudnn / statistics.median(t[n]):.3f}x cudnn" for n in libs}
+            extra = None
+            if "cudnn" in t:
+                cudnn = statistics.median(t["cudnn"])
+                extra = {n: f"{cudnn / statistics.median(t[n]):.3f}x cudnn" for n in libs}
             report(f"dense L={L}", t, extra)
             print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
             del b, ours
-            torch.cuda.empty_cache()
+            ba.empty_cache()
     if "sparse" in rows:
-        b = ba.Batch([32768], [32768])
+        b = ba.Batch([mid], [mid])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         if not dense32:
-            dense32 = {n: statistics.median(v) for n, v in
-                       paired({n: o.dense for n, o in ours.items()}, 3, 5, "dense L=32768").items()}
+            times = paired({n: o.dense for n, o in ours.items()}, 3, 5, f"dense L={mid}")
+            dense32 = {n: statistics.median(v) for n, v in times.items()}
         sparse_rows(b, ours, gen, (0.5, 0.2, 0.1, 0.05), args.rounds, 15, "sparse", dense32)
         del b, ours
-        torch.cuda.empty_cache()
+        ba.empty_cache()
     if "sparse128k" in rows:
         b = ba.Batch([131072], [131072])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         sparse_rows(b, ours, gen, (0.05, 0.015), args.rounds, 5, "sparse L=128K")
         del b, ours
-        torch.cuda.empty_cache()
+        ba.empty_cache()
     if "paged" in rows:
-        b = ba.Batch([32768], [32768])
+        b = ba.Batch([mid], [mid])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()}, "contiguous")
         t = paired({n: o.dense for n, o in ours.items()}, args.rounds, 5, "contiguous")
@@ -210,7 +225,7 @@ def main():
                             for n in libs})
             print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
             del b, ours
-            torch.cuda.empty_cache()
+            ba.empty_cache()
     if results:
         print("results:", results.write(ROWS, complete=True))
     return 0
