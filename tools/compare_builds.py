@@ -142,6 +142,7 @@ def main():
     started = common.utc_now()
     HANG_S = args.hang_s
     ba.D = args.head_dim  # every batch, baseline and FLOP count below reads it
+    ba.DEV = common.DEVICE = args.device
     pairs = [a.split("=", 1) for a in args.libs.split(",")]
     # The last build (the newest, by convention) also makes the block-mask indexes and means
     # through the package: the same arrays for every build.
@@ -150,7 +151,6 @@ def main():
     results = common.ResultsFile(args.results, "compare", started) if args.results else None
     rows = args.rows.split(",")
     torch.manual_seed(SEED)
-    ba.DEV = common.DEVICE = args.device
     gen = torch.Generator(device=args.device)
     gen.manual_seed(SEED)
     print(f"paired rounds={args.rounds}; [median (quartiles)] of time / {next(iter(libs))}'s "
