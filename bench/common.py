@@ -89,7 +89,7 @@ def median_ms(fn, warmup=3, reps=None, warmup_ms=1000.0, timed_ms=300.0):
        The H200 runs at its power limit (~690 W) under attention, and its SM clock follows the
        limiter's running average of the power (a ~1 s window): a call timed within a second of
        an idle or lighter stretch (a benchmark's setup, FlexAttention) runs at a higher clock
-       than it keeps (docs/PERF.md, "Steady-state timing").
+       than it keeps (docs/PERF.md, "How times are taken").
     2. Timing: `reps` calls (default: enough for `timed_ms` milliseconds, 15 to 400), each
        between its own pair of events, queued without synchronizing in between, so that the
        host's launch work for a call overlaps the previous call on the GPU (as in a serving
