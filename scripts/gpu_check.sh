@@ -9,9 +9,10 @@
 # Environment:
 #   FP_RESULTS_DIR   where the benchmarks write their results files (default bench/results);
 #                    bench/report.py renders docs/PERF.md from them
-#   FP_TIME_BUDGET   seconds for the whole check after the build (default 540): every step's
+#   FP_TIME_BUDGET   seconds for the whole check, a build included (default 540): every step's
 #                    time limit is cut so that the check ends within it; the benchmarks write their
-#                    results row by row, so a cut benchmark keeps the rows it measured
+#                    results row by row, so a cut benchmark keeps the rows it measured (build
+#                    first, `cmake --build build`, to leave the budget to the checks and timings)
 #   FP_BASELINE_LIB  a previous build's libflashprefill.so: tools/compare_builds.py times it
 #                    against build/libflashprefill.so, interleaved on the same inputs
 #   FP_COMMIT        the commit to record where the tree has no git metadata
@@ -22,20 +23,23 @@ OUT=${OUT:-out}
 mkdir -p "$OUT"
 export FP_RESULTS_DIR=${FP_RESULTS_DIR:-bench/results}
 filter=${1:-}
+export FP_DEADLINE=$(($(date +%s) + ${FP_TIME_BUDGET:-540}))
+[ -n "${FP_BASELINE_LIB:-}" ] && export FP_DEADLINE=$((FP_DEADLINE - 120))  # kept for the comparison
 if [ ! -x build/flashprefill ] || [ ! -f build/libflashprefill.so ]; then
   echo "gpu_check: configuring and building on this machine"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP_ENABLE_CUDA=ON -DFP_BUILD_TESTS=OFF >/dev/null \
     && cmake --build build -j "$(nproc)" 2>&1 | tail -5 || exit 1
 fi
-export FP_DEADLINE=$(($(date +%s) + ${FP_TIME_BUDGET:-540}))
-[ -n "${FP_BASELINE_LIB:-}" ] && export FP_DEADLINE=$((FP_DEADLINE - 120))  # kept for the comparison
 status=0
+summary=()
+touch "$OUT/.started"
 for step in scripts/gpu/*.sh; do
   case "$step" in *"$filter"*) ;; *) continue ;; esac
   name=$(basename "$step" .sh)
   echo "=== $name"
   bash "$step" 2>&1 | tee "$OUT/$name.log"
   rc=${PIPESTATUS[0]}
+  summary+=("$(printf '%-16s %s' "$name" "$([ "$rc" -eq 0 ] && echo passed || echo "FAILED (exit $rc)")")")
   [ "$rc" -eq 0 ] || { echo "=== $name FAILED (exit $rc)"; status=1; }
 done
 if [ -n "${FP_BASELINE_LIB:-}" ]; then
@@ -43,6 +47,15 @@ if [ -n "${FP_BASELINE_LIB:-}" ]; then
   PYTHONUNBUFFERED=1 timeout 120 python3 tools/compare_builds.py \
     "baseline=$FP_BASELINE_LIB,current=build/libflashprefill.so" dense,sparse --rounds 3 \
     --results "$FP_RESULTS_DIR" 2>&1 | tee "$OUT/compare_builds.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "=== compare builds FAILED"; status=1; }
+  rc=${PIPESTATUS[0]}
+  summary+=("$(printf '%-16s %s' compare_builds "$([ "$rc" -eq 0 ] && echo passed || echo "FAILED (exit $rc)")")")
+  [ "$rc" -eq 0 ] || { echo "=== compare builds FAILED"; status=1; }
 fi
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+if [ -f "$OUT/attention_bench.json" ] && [ "$OUT/attention_bench.json" -nt "$OUT/.started" ]; then
+  python3 bench/goals.py "$OUT/attention_bench.json" | tail -n 1
+fi
+echo "results files written:"
+find "$FP_RESULTS_DIR" -name '*.json' -newer "$OUT/.started" | sort
 exit $status
