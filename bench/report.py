@@ -351,6 +351,10 @@ python3 bench/bench_attention.py --results bench/results    # or one benchmark a
 python3 bench/bench_index.py --results bench/results
 python3 bench/report.py                                     # this page and README.md's table
 ```
+
+`gpu_check.sh` keeps to `FP_TIME_BUDGET` seconds (540): a benchmark that runs out of time keeps the
+rows it measured, and the groups it did not reach can be timed alone, e.g.
+`BENCH_ARGS="--skip dense,sparse,prefill" bash scripts/gpu/20_attention.sh build bench`.
 """
 
 DID_NOT_WORK = """## What did not work
