@@ -180,8 +180,8 @@ def sparse_section(path, record, plots):
                      fmt(off.get("ours_ms"), 4, " ms"), fmt(off.get("ratio_to_rho_dense")),
                      fmt(on.get("ours_ms"), 4, " ms"), fmt(on.get("ratio_to_rho_dense")),
                      fmt_x(off.get("speedup_vs_flex")), source or "random mask"])
-    out.append(table(["L", "rho", "density", "without correction", "/ (rho x dense)",
-                      "with correction", "/ (rho x dense)", "FlexAttention / ours",
+    out.append(table(["L", "rho", "density", "without correction", "/ (density x dense)",
+                      "with correction", "/ (density x dense)", "FlexAttention / ours",
                       "density source"], body))
     if plots.get("sparse"):
         out += ["", f"![time over density x dense time against density]({plots['sparse']})"]
@@ -523,7 +523,7 @@ def make_plots(results, directory, prefix="perf"):
                     ax.plot(*zip(*pts), style, label=f"{fmt_len(L)}, "
                             f"{'with' if corr else 'without'} correction")
         ax.axhline(1.15, color="grey", lw=0.8, ls=":", label="goal 1.15")
-        save(fig, ax, "sparse", "block density rho", "time / (rho x dense time)",
+        save(fig, ax, "sparse", "block density rho", "time / (density x dense time)",
              "Sparse attention on random block masks", "log",
              ticks={r["rho"]: fmt_pct(r["rho"], 2) for r in sparse})
     dense = sorted(rows_of(runs["dense"], "dense"), key=lambda r: r["L"])
