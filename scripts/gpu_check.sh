@@ -16,6 +16,8 @@
 #   FP_BASELINE_LIB  a previous build's libflashprefill.so: tools/compare_builds.py times it
 #                    against build/libflashprefill.so, interleaved on the same inputs
 #   FP_COMMIT        the commit to record where the tree has no git metadata
+#   FP_CUTLASS_INCLUDE  the CUTLASS/CuTe headers' folder for the build, where the machine's Python
+#                    has no nvidia-cutlass package (packaging/cutlass_headers.py finds it otherwise)
 #   OUT              where the logs go (default out/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +29,8 @@ export FP_DEADLINE=$(($(date +%s) + ${FP_TIME_BUDGET:-540}))
 [ -n "${FP_BASELINE_LIB:-}" ] && export FP_DEADLINE=$((FP_DEADLINE - 120))  # kept for the comparison
 if [ ! -x build/flashprefill ] || [ ! -f build/libflashprefill.so ]; then
   echo "gpu_check: configuring and building on this machine"
-  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP_ENABLE_CUDA=ON -DFP_BUILD_TESTS=OFF >/dev/null \
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP_ENABLE_CUDA=ON -DFP_BUILD_TESTS=OFF \
+    ${FP_CUTLASS_INCLUDE:+-DFP_CUTLASS_INCLUDE="$FP_CUTLASS_INCLUDE"} >/dev/null \
     && cmake --build build -j "$(nproc)" 2>&1 | tail -5 || exit 1
 fi
 status=0
