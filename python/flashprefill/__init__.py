@@ -21,7 +21,7 @@ dense_attention, build_index, pool_kv, sparse_attention and their out-variants),
 under torch.compile and CUDA graphs (torch.py).
 
 Hugging Face transformers: `import flashprefill.hf; flashprefill.hf.register()`, then
-attn_implementation="flashprefill" (hf.py; needs torch and transformers, imported only there).
+attn_implementation="sparse_prefill" (hf.py; needs torch and transformers, imported only there).
 
 The shared library is found through FLASHPREFILL_LIB, else inside the installed package, else
 build/libflashprefill.so of the repository this package sits in, else the system library path.
