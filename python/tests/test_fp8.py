@@ -178,6 +178,30 @@ def test_alpha_zero_prefill_equals_fp8_dense(rng):
         assert np.array_equal(got, dense)
 
 
+def test_paged_cache_equals_contiguous(rng):
+    lengths_q, lengths_k, page_size = [100, 37], [300, 37], 16
+    q, k, v = structured_qkv(rng, sum(lengths_q), sum(lengths_k), 4, 2, 64)
+    cu_q, cu_k = cu_of(lengths_q), cu_of(lengths_k)
+    q16, k8, v8 = q.astype(np.float16), k.astype(E4M3), v.astype(E4M3)
+    pages = [-(-n // page_size) for n in lengths_k]
+    order = rng.permutation(sum(pages))
+    k_cache = np.zeros((sum(pages), page_size, 2, 64), E4M3)
+    v_cache = np.zeros_like(k_cache)
+    table = np.zeros((2, max(pages)), np.int32)
+    for b, n in enumerate(lengths_k):
+        for i in range(pages[b]):
+            page = order[sum(pages[:b]) + i]
+            table[b, i] = page
+            rows = slice(cu_k[b] + i * page_size, cu_k[b] + min((i + 1) * page_size, n))
+            count = rows.stop - rows.start
+            k_cache[page, :count], v_cache[page, :count] = k8[rows], v8[rows]
+    kw = dict(cu_seqlens_q=cu_q, k_descale=0.25, v_descale=np.array([[1.0, 2.0], [0.5, 1.0]],
+                                                                     np.float32))
+    paged = fp.PagedKV(k_cache, v_cache, table, lengths_k)
+    for call in (fp.dense_attention, fp.prefill):
+        assert np.array_equal(call(q16, paged, **kw), call(q16, k8, v8, cu_seqlens_k=cu_k, **kw))
+
+
 def test_fp16_output_and_sparse_stages(rng):
     q, k, v = structured_qkv(rng, 256, 1024, 4, 1, 64)
     q8, k8, v8 = (x.astype(E4M3) for x in (q, k, v))
