@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 #define FP_VERSION_MAJOR 0
-#define FP_VERSION_MINOR 1
+#define FP_VERSION_MINOR 2
 #define FP_VERSION_PATCH 0
 
 /* Rows of the PackGQA query tile (Eq. 12-13) and tokens of one physical KV tile. */

@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 # Mirrors of the header's macros.
-VERSION = (0, 1, 0)
+VERSION = (0, 2, 0)
 TILE_ROWS = 128   # FP_TILE_ROWS: packed rows of a PackGQA query tile
 KV_TILE = 64      # FP_KV_TILE: tokens of a physical KV tile
 FLAG_VALIDATE_DEVICE_METADATA = 1
