@@ -107,6 +107,9 @@ std::vector<BadCase> cases() {
          lens[0] = -5; lens[1] = 20;
          p.seqlens_k = lens; }, E, "negative"},
       {"paged_strides_overlap", [](P& p, C&) { p.k_stride_page = 16; }, E, "overlap"},
+      {"unknown_flag_bits", [](P& p, C&) { p.flags |= 0x80u; }, E, "unknown problem flags 0x80"},
+      {"q_stride_2_pow_62", [](P& p, C&) { p.q_stride_token = int64_t(1) << 62; }, E, "2^48"},
+      {"paged_stride_2_pow_62", [](P& p, C&) { p.v_stride_page = int64_t(1) << 62; }, E, "2^48"},
   };
 }
 
