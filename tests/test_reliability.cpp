@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "flashprefill/flashprefill.hpp"
 #include "test_support.hpp"
 
 using namespace fptest;
@@ -34,25 +35,11 @@ struct ShapeOnly {
       cu_q.back() = len_q;  // the last request holds every token
       cu_k.back() = len_k;
     }
-    p.device = FP_DEVICE_CPU;
-    p.dtype = FP_BFLOAT16;
-    p.batch_size = batch;
-    p.num_heads_q = hq;
-    p.num_heads_kv = hkv;
-    p.head_dim = d;
-    p.q = p.k = p.v = placeholder;
-    p.q_stride_token = int64_t(hq) * d;
-    p.q_stride_head = d;
-    p.total_q = len_q;
     const int32_t* none = reinterpret_cast<const int32_t*>(placeholder);
-    p.cu_seqlens_q = cu_q.empty() ? none : cu_q.data();
-    p.max_seqlen_q = len_q;
-    p.kv_layout = FP_KV_CONTIGUOUS;
-    p.k_stride_token = p.v_stride_token = int64_t(hkv) * d;
-    p.k_stride_head = p.v_stride_head = d;
-    p.total_k = len_k;
-    p.cu_seqlens_k = cu_k.empty() ? none : cu_k.data();
-    p.max_seqlen_k = len_k;
+    p = flashprefill::contiguous_problem(FP_DEVICE_CPU, FP_BFLOAT16, batch, hq, hkv, d,
+                                         placeholder, len_q, cu_q.empty() ? none : cu_q.data(),
+                                         len_q, placeholder, placeholder, len_k,
+                                         cu_k.empty() ? none : cu_k.data(), len_k);
   }
 };
 

@@ -33,8 +33,11 @@ class SelectConfig:
     mean_correction: bool = True
 
     def to_c(self):
-        return _lib.SelectConfig(int(self.block_size), float(self.alpha), int(self.sink_tokens),
-                                 int(self.window_tokens), int(self.dense_recent_tiles),
+        i32 = _arrays.int32
+        return _lib.SelectConfig(i32(self.block_size, "block_size"), float(self.alpha),
+                                 i32(self.sink_tokens, "sink_tokens"),
+                                 i32(self.window_tokens, "window_tokens"),
+                                 i32(self.dense_recent_tiles, "dense_recent_tiles"),
                                  int(bool(self.mean_correction)))
 
     @classmethod
