@@ -171,15 +171,16 @@ fp_status validate_given_index(const ProblemInfo& info, const fp_index& index) {
   return ref::validate_index_tiles(info, cu.data(), idx.data());
 }
 
+// `given`: the caller's index, validated; fp_prefill's own index is not.
 fp_status sparse_attention_impl(const ProblemInfo& info, const fp_select_config& c,
                                 const fp_index& index, const fp_output& out, void* ws,
-                                size_t bytes) {
+                                size_t bytes, bool given) {
   FP_TRY(validate_index_buffers(info, c, &index, true));
   FP_TRY(validate_output(info, &out));
   size_t need = 0;
   FP_TRY(checked_bytes(attention_ws(info, c, true), "attention workspace", &need));
   FP_TRY(check_workspace(info, need, ws, bytes));
-  FP_TRY(validate_given_index(info, index));
+  if (given) FP_TRY(validate_given_index(info, index));
   if (info.p->device == FP_DEVICE_CUDA) return cuda::sparse_attention(info, c, index, out, ws, bytes);
   ref::sparse_attention(info, c, index, out);
   return FP_OK;
@@ -298,7 +299,7 @@ fp_status fp_sparse_attention(const fp_problem* problem, const fp_select_config*
   return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
     FP_TRY(check_out_ptr(index, "index"));
     FP_TRY(check_out_ptr(output, "output"));
-    return sparse_attention_impl(info, c, *index, *output, workspace, workspace_bytes);
+    return sparse_attention_impl(info, c, *index, *output, workspace, workspace_bytes, true);
   });
 }
 
@@ -342,7 +343,7 @@ fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
         char* stage = base + st.total().value();
         const size_t stage_bytes = workspace_bytes - size_t(st.total().value());
         FP_TRY(build_index_impl(info, c, index, stage, stage_bytes));
-        return sparse_attention_impl(info, c, index, *output, stage, stage_bytes);
+        return sparse_attention_impl(info, c, index, *output, stage, stage_bytes, false);
       },
       true);
 }

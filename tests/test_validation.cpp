@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include "flashprefill/flashprefill.hpp"
@@ -20,6 +21,9 @@ struct BadCase {
   fp_status status;
   const char* message;  // a substring of fp_last_error_message()
 };
+
+// How GoogleTest (and so ctest's test names) shows a case.
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
 class Validation : public ::testing::TestWithParam<BadCase> {};
 

@@ -54,7 +54,7 @@ class IndexSizes:
 
     Attributes:
         num_segments: B * Hkv * max_q_tiles; cu has num_segments + 1 entries.
-        max_q_tiles: ceil(g * max_seqlen_q / 128), g = Hq / Hkv.
+        max_q_tiles: ceil(g * min(max_seqlen_q, total_q) / 128), g = Hq / Hkv.
         max_blocks: ceil(max_seqlen_k / block_size).
         idx_capacity: upper bound on the selected tiles over all segments.
         mean_elements: B * Hkv * max_blocks * D, the size of k_mean and of v_mean.
