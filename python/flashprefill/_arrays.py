@@ -233,6 +233,21 @@ def stream_of(a):
     return _torch().cuda.current_stream(a.device).cuda_stream
 
 
+def raw_stream(index):
+    """The cudaStream_t (as an int) of torch's current stream on CUDA device `index`."""
+    torch = _torch()
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def device_guard_index(index):
+    """Makes CUDA device `index` current for a call, unless it is already."""
+    torch = _torch()
+    if torch.cuda.current_device() == index:
+        return contextlib.nullcontext()
+    return torch.cuda.device(index)
+
+
 def device_guard(a):
     """Makes a's CUDA device current for the duration of a call."""
     if not a.on_cuda:
