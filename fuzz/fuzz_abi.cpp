@@ -269,7 +269,8 @@ struct OutputBuffer {
   OutputBuffer(const fp_problem& problem, int64_t elements, int64_t stride_token, int64_t stride_head)
       : p(problem), data(problem.dtype, elements, 0) {
     std::memset(data.bytes.data(), 0xff, data.bytes.size());  // NaN in every dtype
-    lse.assign(size_t(problem.total_q) * problem.num_heads_q, NAN);
+    lse.assign(size_t(std::max<int64_t>(problem.total_q, 0)) * size_t(std::max(problem.num_heads_q, 0)),
+               NAN);
     view = fp_output{data.bytes.data(), stride_token, stride_head, lse.data()};
   }
   std::vector<double> values() const {
@@ -409,6 +410,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     crash("fp_build_index + fp_sparse_attention differ from fp_prefill");
   double density = 0;
   expect(fp_index_density(&p, &k.c, &index, &density), valid, "fp_index_density");
+  // Chunked prefill: pooling again from pooled_keys[b] on, then selecting under
+  // FP_FLAG_MEANS_POOLED, gives the same index.
+  std::vector<int32_t> pooled(size_t(p.batch_size));
+  for (size_t b = 0; b < pooled.size(); ++b)
+    pooled[b] = b < k.lk.size() ? in.below(2) * in.below(k.lk[b] + 1) : 0;
+  if (in.below(8) == 0 && !pooled.empty()) pooled[0] = in.i32();
+  s = fp_pool_kv(&p, &k.c, k_mean.data(), k.c.mean_correction ? v_mean.data() : nullptr, pooled.data());
+  expect(s, false, "fp_pool_kv");
+  if (s == FP_OK && (p.flags & FP_FLAG_MEANS_POOLED) == 0) {
+    const std::vector<int32_t> cu0 = cu, idx0 = idx;
+    fp_problem pooled_problem = p;
+    pooled_problem.flags |= FP_FLAG_MEANS_POOLED;
+    s = fp_build_index(&pooled_problem, &k.c, &index, w->data(), ws.size() - 16);
+    expect(s, valid, "fp_build_index (means pooled)");
+    if (s == FP_OK && (cu != cu0 || idx != idx0)) crash("the index over re-pooled means differs");
+  }
   if (in.below(2) == 0) {
     const int32_t value = in.below(2) ? in.below(40) - 4 : in.i32();
     if (in.below(2) == 0) cu[size_t(in.i32() & 0x7fffffff) % cu.size()] = value;
