@@ -1,10 +1,12 @@
 // The C ABI: validation, workspace accounting and dispatch to the CPU reference or CUDA backend.
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <new>
 #include <string>
 #include <vector>
 
+#include "core/checked.hpp"
 #include "core/problem.hpp"
 #include "core/workload.hpp"
 #include "cuda/backend.hpp"
@@ -16,8 +18,6 @@ using namespace flashprefill;
 namespace {
 
 constexpr size_t kAlign = 256;
-
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Runs an entry point body, turning exceptions into statuses and clearing the old message.
 template <typename Fn>
@@ -37,15 +37,29 @@ fp_status guarded(Fn&& fn) {
     if (fp_status _s = (expr); _s != FP_OK) return _s; \
   } while (0)
 
-// Validates the problem (and the selection config) before running `fn(info, config)`.
+// Validates the problem (and the selection config, and that the index sizes fit) before running
+// `fn(info, config)`. With `internal_means` the key bound is clamped too (clamp_bounds): for
+// the calls that keep the block means in their own workspace.
 template <typename Fn>
-fp_status with_problem(const fp_problem* problem, const fp_select_config* config, Fn&& fn) {
+fp_status with_problem(const fp_problem* problem, const fp_select_config* config, Fn&& fn,
+                       bool internal_means = false) {
   return guarded([&] {
+    if (problem == nullptr) return fail(FP_ERROR_INVALID_ARGUMENT, "problem is NULL");
+    const fp_problem clamped = clamp_bounds(*problem, internal_means);
     ProblemInfo info;
-    FP_TRY(validate_problem(problem, &info));
+    FP_TRY(validate_problem(&clamped, &info));
     FP_TRY(validate_config(config, true));
+    FP_TRY(check_index_sizes(info, *config));
     return fn(info, *config);
   });
+}
+
+// A byte count, or the error that it does not fit in 64 bits.
+fp_status checked_bytes(Size bytes, const char* what, size_t* out) {
+  if (!bytes.ok())
+    return fail(FP_ERROR_UNSUPPORTED, std::string("the ") + what + " size does not fit in 64 bits");
+  *out = size_t(bytes.value());
+  return FP_OK;
 }
 
 fp_status check_workspace(const ProblemInfo& info, size_t need, const void* workspace,
@@ -66,30 +80,69 @@ fp_status check_out_ptr(const void* p, const char* name) {
   return p ? FP_OK : fail(FP_ERROR_INVALID_ARGUMENT, std::string(name) + " is NULL");
 }
 
-size_t index_ws(const ProblemInfo& info, const fp_select_config& c) {
-  return info.p->device == FP_DEVICE_CUDA ? cuda::build_index_workspace(info, c) : 0;
+// The backends' workspace sizes; SIZE_MAX (backend.hpp) reads as an overflowed Size.
+Size backend_bytes(size_t bytes) { return Size(bytes == SIZE_MAX ? -1 : int64_t(bytes)); }
+
+Size index_ws(const ProblemInfo& info, const fp_select_config& c) {
+  return info.p->device == FP_DEVICE_CUDA ? backend_bytes(cuda::build_index_workspace(info, c)) : 0;
 }
 
-size_t attention_ws(const ProblemInfo& info, const fp_select_config& c, bool sparse) {
-  return info.p->device == FP_DEVICE_CUDA ? cuda::attention_workspace(info, c, sparse) : 0;
+Size attention_ws(const ProblemInfo& info, const fp_select_config& c, bool sparse) {
+  return info.p->device == FP_DEVICE_CUDA ? backend_bytes(cuda::attention_workspace(info, c, sparse))
+                                          : 0;
 }
 
-// The index that fp_prefill keeps in its workspace, and the bytes it takes.
+Size aligned_ints(Size count) { return (count * Size(sizeof(int32_t))).align_up(kAlign); }
+
+// The index that fp_prefill keeps in its workspace: [cu][k_mean][v_mean][idx]. On CUDA idx holds
+// the whole index. On the CPU it holds the query-tile range of segments being selected and
+// attended (docs/ALGORITHM.md, "Workspace"): the size query asks for kRangeSegments segments of
+// the longest request's tiles, and any workspace with room for one segment runs.
 struct IndexStorage {
-  size_t cu = 0, idx = 0, mean = 0;
-  size_t total() const { return cu + idx + 2 * mean; }
+  Size cu = 0, mean = 0, idx = 0;
+  Size fixed() const { return cu + mean + mean; }
+  Size total() const { return fixed() + idx; }
 };
 
-IndexStorage index_storage(const ProblemInfo& info, const fp_select_config& c) {
+constexpr int64_t kRangeSegments = 256;
+
+IndexStorage index_storage(const ProblemInfo& info, const fp_select_config& c, bool minimal) {
   const fp_index_sizes s = index_sizes(info, c);
-  return {align_up((s.num_segments + 1) * sizeof(int32_t)), align_up(s.idx_capacity * sizeof(int32_t)),
-          align_up(s.mean_elements * sizeof(float))};
+  IndexStorage st;
+  st.cu = aligned_ints(Size(s.num_segments) + 1);
+  st.mean = (Size(s.mean_elements) * Size(sizeof(float))).align_up(kAlign);
+  Size entries = s.idx_capacity;
+  if (info.p->device == FP_DEVICE_CPU) {
+    const int64_t kv_tiles = ceil_div(info.p->max_seqlen_k, kKvTile);  // >= any segment's tiles
+    entries = std::min(s.idx_capacity, (minimal ? 1 : kRangeSegments) * kv_tiles);
+  }
+  st.idx = aligned_ints(entries);
+  return st;
+}
+
+// The workspace fp_prefill asks for (or, with `minimal`, the least it runs with), and the
+// storage in it. On CUDA the index stage must be able to address the whole index.
+fp_status prefill_workspace(const ProblemInfo& info, const fp_select_config& c, bool minimal,
+                            size_t* bytes, IndexStorage* storage) {
+  if (info.p->flags & FP_FLAG_MEANS_POOLED)
+    return fail(FP_ERROR_INVALID_ARGUMENT,
+                "fp_prefill pools the means itself: FP_FLAG_MEANS_POOLED applies to fp_build_index");
+  const fp_index_sizes s = index_sizes(info, c);
+  if (info.p->device == FP_DEVICE_CUDA && s.idx_capacity >= (int64_t(1) << 31))
+    return fail(FP_ERROR_UNSUPPORTED,
+                "the CUDA prefill needs an index of up to " + std::to_string(s.idx_capacity) +
+                    " entries, more than int32 offsets address");
+  *storage = index_storage(info, c, minimal);
+  return checked_bytes(storage->total() + larger(index_ws(info, c), attention_ws(info, c, true)),
+                       "prefill workspace", bytes);
 }
 
 fp_status build_index_impl(const ProblemInfo& info, const fp_select_config& c, const fp_index& index,
                            void* ws, size_t bytes) {
   FP_TRY(validate_index_buffers(info, c, &index, false));
-  FP_TRY(check_workspace(info, index_ws(info, c), ws, bytes));
+  size_t need = 0;
+  FP_TRY(checked_bytes(index_ws(info, c), "index workspace", &need));
+  FP_TRY(check_workspace(info, need, ws, bytes));
   if (info.p->device == FP_DEVICE_CUDA) return cuda::build_index(info, c, index, ws, bytes);
   if ((info.p->flags & FP_FLAG_MEANS_POOLED) == 0)
     ref::pool(info, c, index.k_mean, c.mean_correction ? index.v_mean : nullptr);
@@ -97,16 +150,58 @@ fp_status build_index_impl(const ProblemInfo& info, const fp_select_config& c, c
   return FP_OK;
 }
 
+// A caller's index checked against the CSR rules, cu entirely before any idx entry is read; on
+// CUDA only under FP_FLAG_VALIDATE_DEVICE_METADATA (copied to the host), as for the metadata.
+fp_status validate_given_index(const ProblemInfo& info, const fp_index& index) {
+  const fp_problem& p = *info.p;
+  if (p.device == FP_DEVICE_CPU) {
+    FP_TRY(ref::validate_index_offsets(info, index.cu, index.idx_capacity));
+    if (index.cu[ref::num_segments(info)] > 0 && index.idx == nullptr)
+      return fail(FP_ERROR_INVALID_ARGUMENT, "index->idx is NULL");
+    return ref::validate_index_tiles(info, index.cu, index.idx);
+  }
+  if (!info.has_host_metadata) return FP_OK;
+  std::vector<int32_t> cu(size_t(ref::num_segments(info)) + 1);
+  FP_TRY(cuda::copy_to_host(cu.data(), index.cu, cu.size() * sizeof(int32_t), p.stream));
+  FP_TRY(ref::validate_index_offsets(info, cu.data(), index.idx_capacity));
+  if (cu.back() > 0 && index.idx == nullptr) return fail(FP_ERROR_INVALID_ARGUMENT, "index->idx is NULL");
+  std::vector<int32_t> idx(size_t(cu.back()));
+  if (!idx.empty())
+    FP_TRY(cuda::copy_to_host(idx.data(), index.idx, idx.size() * sizeof(int32_t), p.stream));
+  return ref::validate_index_tiles(info, cu.data(), idx.data());
+}
+
+// `given`: the caller's index, validated; fp_prefill's own index is not.
 fp_status sparse_attention_impl(const ProblemInfo& info, const fp_select_config& c,
                                 const fp_index& index, const fp_output& out, void* ws,
-                                size_t bytes) {
+                                size_t bytes, bool given) {
   FP_TRY(validate_index_buffers(info, c, &index, true));
   FP_TRY(validate_output(info, &out));
-  FP_TRY(check_workspace(info, attention_ws(info, c, true), ws, bytes));
+  size_t need = 0;
+  FP_TRY(checked_bytes(attention_ws(info, c, true), "attention workspace", &need));
+  FP_TRY(check_workspace(info, need, ws, bytes));
+  if (given) FP_TRY(validate_given_index(info, index));
   if (info.p->device == FP_DEVICE_CUDA) return cuda::sparse_attention(info, c, index, out, ws, bytes);
-  FP_TRY(ref::validate_index(info, index));
   ref::sparse_attention(info, c, index, out);
   return FP_OK;
+}
+
+// fp_prefill on the CPU: pool once, then select and attend the segments in ranges whose largest
+// possible selection fits the index entries the workspace holds.
+void prefill_cpu(const ProblemInfo& info, const fp_select_config& c, const fp_output& out,
+                 const fp_index& index) {
+  ref::pool(info, c, index.k_mean, c.mean_correction ? index.v_mean : nullptr);
+  const int64_t segments = ref::num_segments(info);
+  for (int64_t s0 = 0; s0 < segments;) {
+    int64_t s1 = s0, entries = 0;
+    while (s1 < segments && entries + ref::max_selected(info, s1) <= index.idx_capacity)
+      entries += ref::max_selected(info, s1++);
+    fp_index range = index;
+    range.cu = index.cu + s0;
+    ref::score_and_select(info, c, range, s0, s1);
+    ref::sparse_attention(info, c, range, out, s0, s1);
+    s0 = s1;
+  }
 }
 
 }  // namespace
@@ -154,8 +249,7 @@ fp_status fp_build_index_workspace_size(const fp_problem* problem, const fp_sele
                                         size_t* bytes) {
   return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
     FP_TRY(check_out_ptr(bytes, "bytes"));
-    *bytes = index_ws(info, c);
-    return FP_OK;
+    return checked_bytes(index_ws(info, c), "index workspace", bytes);
   });
 }
 
@@ -195,8 +289,7 @@ fp_status fp_sparse_attention_workspace_size(const fp_problem* problem,
                                              const fp_select_config* config, size_t* bytes) {
   return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
     FP_TRY(check_out_ptr(bytes, "bytes"));
-    *bytes = attention_ws(info, c, true);
-    return FP_OK;
+    return checked_bytes(attention_ws(info, c, true), "attention workspace", bytes);
   });
 }
 
@@ -206,64 +299,82 @@ fp_status fp_sparse_attention(const fp_problem* problem, const fp_select_config*
   return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
     FP_TRY(check_out_ptr(index, "index"));
     FP_TRY(check_out_ptr(output, "output"));
-    return sparse_attention_impl(info, c, *index, *output, workspace, workspace_bytes);
+    return sparse_attention_impl(info, c, *index, *output, workspace, workspace_bytes, true);
   });
 }
 
 fp_status fp_prefill_workspace_size(const fp_problem* problem, const fp_select_config* config,
                                     size_t* bytes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
-    FP_TRY(check_out_ptr(bytes, "bytes"));
-    *bytes = index_storage(info, c).total() +
-             std::max(index_ws(info, c), attention_ws(info, c, true));
-    return FP_OK;
-  });
+  return with_problem(
+      problem, config,
+      [&](const ProblemInfo& info, const fp_select_config& c) {
+        FP_TRY(check_out_ptr(bytes, "bytes"));
+        IndexStorage st;
+        return prefill_workspace(info, c, false, bytes, &st);
+      },
+      true);
 }
 
 fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
                      const fp_output* output, void* workspace, size_t workspace_bytes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
-    FP_TRY(check_out_ptr(output, "output"));
-    FP_TRY(validate_output(info, output));
-    const IndexStorage st = index_storage(info, c);
-    const size_t stage_ws = std::max(index_ws(info, c), attention_ws(info, c, true));
-    FP_TRY(check_workspace(info, st.total() + stage_ws, workspace, workspace_bytes));
-    char* base = static_cast<char*>(workspace);
-    fp_index index{};
-    index.cu = reinterpret_cast<int32_t*>(base);
-    index.idx = reinterpret_cast<int32_t*>(base + st.cu);
-    index.k_mean = reinterpret_cast<float*>(base + st.cu + st.idx);
-    index.v_mean = reinterpret_cast<float*>(base + st.cu + st.idx + st.mean);
-    index.idx_capacity = int64_t(st.idx / sizeof(int32_t));
-    char* stage = base + st.total();
-    const size_t stage_bytes = workspace_bytes - st.total();
-    FP_TRY(build_index_impl(info, c, index, stage, stage_bytes));
-    return sparse_attention_impl(info, c, index, *output, stage, stage_bytes);
-  });
+  return with_problem(
+      problem, config,
+      [&](const ProblemInfo& info, const fp_select_config& c) {
+        FP_TRY(check_out_ptr(output, "output"));
+        FP_TRY(validate_output(info, output));
+        size_t need = 0;
+        IndexStorage st;
+        FP_TRY(prefill_workspace(info, c, true, &need, &st));
+        FP_TRY(check_workspace(info, need, workspace, workspace_bytes));
+        char* base = static_cast<char*>(workspace);
+        const size_t cu = size_t(st.cu.value()), mean = size_t(st.mean.value());
+        fp_index index{};
+        index.cu = reinterpret_cast<int32_t*>(base);
+        index.k_mean = reinterpret_cast<float*>(base + cu);
+        index.v_mean = reinterpret_cast<float*>(base + cu + mean);
+        index.idx = reinterpret_cast<int32_t*>(base + cu + 2 * mean);
+        if (info.p->device == FP_DEVICE_CPU) {  // every byte past the means holds index entries
+          const size_t entries = (workspace_bytes - size_t(st.fixed().value())) / sizeof(int32_t);
+          index.idx_capacity = std::min<int64_t>(index_sizes(info, c).idx_capacity, int64_t(entries));
+          prefill_cpu(info, c, *output, index);
+          return FP_OK;
+        }
+        index.idx_capacity = st.idx.value() / int64_t(sizeof(int32_t));
+        char* stage = base + st.total().value();
+        const size_t stage_bytes = workspace_bytes - size_t(st.total().value());
+        FP_TRY(build_index_impl(info, c, index, stage, stage_bytes));
+        return sparse_attention_impl(info, c, index, *output, stage, stage_bytes, false);
+      },
+      true);
 }
 
 fp_status fp_dense_attention_workspace_size(const fp_problem* problem, size_t* bytes) {
   return guarded([&] {
+    FP_TRY(check_out_ptr(problem, "problem"));
+    const fp_problem clamped = clamp_bounds(*problem, true);
     ProblemInfo info;
-    FP_TRY(validate_problem(problem, &info));
+    FP_TRY(validate_problem(&clamped, &info));
     FP_TRY(check_out_ptr(bytes, "bytes"));
     fp_select_config c;
     fp_select_config_default(&c);
-    *bytes = attention_ws(info, c, false);
-    return FP_OK;
+    return checked_bytes(attention_ws(info, c, false), "attention workspace", bytes);
   });
 }
 
 fp_status fp_dense_attention(const fp_problem* problem, const fp_output* output, void* workspace,
                              size_t workspace_bytes) {
   return guarded([&] {
+    FP_TRY(check_out_ptr(problem, "problem"));
+    const fp_problem clamped = clamp_bounds(*problem, true);
     ProblemInfo info;
-    FP_TRY(validate_problem(problem, &info));
+    FP_TRY(validate_problem(&clamped, &info));
     FP_TRY(check_out_ptr(output, "output"));
     FP_TRY(validate_output(info, output));
     fp_select_config c;
     fp_select_config_default(&c);
-    FP_TRY(check_workspace(info, attention_ws(info, c, false), workspace, workspace_bytes));
+    size_t need = 0;
+    FP_TRY(checked_bytes(attention_ws(info, c, false), "attention workspace", &need));
+    FP_TRY(check_workspace(info, need, workspace, workspace_bytes));
     if (info.p->device == FP_DEVICE_CUDA)
       return cuda::dense_attention(info, *output, workspace, workspace_bytes);
     ref::dense_attention(info, *output);
@@ -275,21 +386,22 @@ fp_status fp_index_density(const fp_problem* problem, const fp_select_config* co
                            const fp_index* index, double* density) {
   return guarded([&] {
     FP_TRY(check_out_ptr(problem, "problem"));
-    fp_problem host_view = *problem;
+    fp_problem host_view = clamp_bounds(*problem, false);
     host_view.flags |= FP_FLAG_VALIDATE_DEVICE_METADATA;  // lengths are needed on the host
     ProblemInfo info;
     FP_TRY(validate_problem(&host_view, &info));
     FP_TRY(validate_config(config, true));
+    FP_TRY(check_index_sizes(info, *config));
     FP_TRY(check_out_ptr(index, "index"));
     FP_TRY(check_out_ptr(index->cu, "index->cu"));
     FP_TRY(check_out_ptr(density, "density"));
-    const fp_index_sizes s = index_sizes(info, *config);
-    std::vector<int32_t> cu(s.num_segments + 1);
+    std::vector<int32_t> cu(size_t(ref::num_segments(info)) + 1);
     if (problem->device == FP_DEVICE_CUDA) {
       FP_TRY(cuda::copy_to_host(cu.data(), index->cu, cu.size() * sizeof(int32_t), problem->stream));
     } else {
       std::copy(index->cu, index->cu + cu.size(), cu.begin());
     }
+    FP_TRY(validate_given_index(info, *index));
     fp_index view = *index;
     view.cu = cu.data();
     *density = ref::index_density(info, view);

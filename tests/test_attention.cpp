@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <ostream>
 
 #include "test_support.hpp"
 
@@ -14,6 +15,9 @@ std::vector<float> to_float(const std::vector<double>& x) { return {x.begin(), x
 struct GqaCase {
   int32_t hq, hkv;
 };
+
+// How GoogleTest (and so ctest's test names) shows a case.
+void PrintTo(const GqaCase& c, std::ostream* os) { *os << "Hq=" << c.hq << " Hkv=" << c.hkv; }
 
 class GqaTest : public ::testing::TestWithParam<GqaCase> {};
 

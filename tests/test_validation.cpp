@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <ostream>
 #include <string>
 
 #include "flashprefill/flashprefill.hpp"
@@ -20,6 +21,9 @@ struct BadCase {
   fp_status status;
   const char* message;  // a substring of fp_last_error_message()
 };
+
+// How GoogleTest (and so ctest's test names) shows a case.
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
 class Validation : public ::testing::TestWithParam<BadCase> {};
 
@@ -107,6 +111,9 @@ std::vector<BadCase> cases() {
          lens[0] = -5; lens[1] = 20;
          p.seqlens_k = lens; }, E, "negative"},
       {"paged_strides_overlap", [](P& p, C&) { p.k_stride_page = 16; }, E, "overlap"},
+      {"unknown_flag_bits", [](P& p, C&) { p.flags |= 0x80u; }, E, "unknown problem flags 0x80"},
+      {"q_stride_2_pow_62", [](P& p, C&) { p.q_stride_token = int64_t(1) << 62; }, E, "2^48"},
+      {"paged_stride_2_pow_62", [](P& p, C&) { p.v_stride_page = int64_t(1) << 62; }, E, "2^48"},
   };
 }
 

@@ -76,13 +76,14 @@ typedef enum fp_device { FP_DEVICE_CPU = 0, FP_DEVICE_CUDA = 1 } fp_device;
 typedef enum fp_kv_layout { FP_KV_CONTIGUOUS = 0, FP_KV_PAGED = 1 } fp_kv_layout;
 
 /* Problem flags. */
-/* CUDA only: copy cu_seqlens / seqlens_k / page_table to the host and validate them before
- * launching (one host synchronization). Without it nothing synchronizes the host, the call is
- * CUDA-graph capturable, and the caller guarantees the metadata is valid. The CPU path always
- * validates. */
+/* CUDA only: copy cu_seqlens / seqlens_k / page_table (and the cu / idx of an index given to
+ * fp_sparse_attention) to the host and validate them before launching (one host
+ * synchronization). Without it nothing synchronizes the host, the call is CUDA-graph capturable,
+ * and the caller guarantees the metadata is valid. The CPU path always validates. */
 #define FP_FLAG_VALIDATE_DEVICE_METADATA 1u
 /* fp_build_index takes index->k_mean / v_mean as already pooled for every key (kept current
- * beside the KV cache by fp_pool_kv across chunked-prefill steps) and only scores and selects. */
+ * beside the KV cache by fp_pool_kv across chunked-prefill steps) and only scores and selects.
+ * fp_prefill pools itself and refuses it. Any other flag bit is an error. */
 #define FP_FLAG_MEANS_POOLED 2u
 
 /* One attention problem: a varlen batch of new queries against (possibly cached) keys. */
@@ -102,7 +103,8 @@ typedef struct fp_problem {
   int64_t q_stride_token, q_stride_head;
   int64_t total_q;
   const int32_t* cu_seqlens_q; /* [B + 1], cu[0] = 0, cu[B] = total_q, non-decreasing */
-  int32_t max_seqlen_q;        /* >= every L_q(b); sizes buffers without reading lengths */
+  int32_t max_seqlen_q;        /* >= every L_q(b); sizes buffers without reading lengths (a
+                                  bound above total_q counts as total_q) */
 
   fp_kv_layout kv_layout;
   const void* k;
@@ -172,7 +174,7 @@ typedef struct fp_index {
 
 typedef struct fp_index_sizes {
   int64_t num_segments;        /* B * Hkv * max_q_tiles */
-  int32_t max_q_tiles;         /* ceil(g * max_seqlen_q / 128) */
+  int32_t max_q_tiles;         /* ceil(g * min(max_seqlen_q, total_q) / 128) */
   int32_t max_blocks;          /* ceil(max_seqlen_k / block_size) */
   int64_t idx_capacity;        /* upper bound on selected tiles, over all segments */
   int64_t mean_elements;       /* B * Hkv * max_blocks * D, per pooled tensor */
@@ -220,7 +222,10 @@ FP_API fp_status fp_sparse_attention(const fp_problem* problem, const fp_select_
                                      const fp_index* index, const fp_output* output,
                                      void* workspace, size_t workspace_bytes);
 
-/* Both stages; the index lives in the workspace. */
+/* Both stages; the index lives in the workspace (docs/ALGORITHM.md, "Sizes and the prefill
+ * workspace"). On the CPU the index is built and consumed in query-tile ranges, so the workspace
+ * grows linearly with the tokens; the call runs with less than the size query asks for, down to
+ * room for one query tile's index entries, and gives the same output. */
 FP_API fp_status fp_prefill_workspace_size(const fp_problem* problem,
                                            const fp_select_config* config, size_t* bytes);
 FP_API fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,

@@ -28,6 +28,8 @@ if _NUMPY_BFLOAT16 is not None:
 # Host workspace alignment: enough for any vector type the library may carve out of it.
 _WORKSPACE_ALIGNMENT = 256
 
+_INT32 = np.iinfo(np.int32)
+
 
 def _torch():
     return sys.modules.get("torch")
@@ -62,6 +64,7 @@ class Array:
             raise TypeError(f"{name}: expected a numpy.ndarray or a torch.Tensor, got "
                             f"{type(obj).__name__}")
         self.shape = tuple(obj.shape)
+        self.strides = _canonical_strides(self.shape, self.strides)
 
     @property
     def dtype(self):
@@ -88,6 +91,36 @@ class Array:
                 return False
             expected *= extent
         return True
+
+
+def _canonical_strides(shape, strides):
+    """The strides with those of dimensions of extent 0 or 1 (which address nothing, and which
+    numpy and torch may give any value, zero included) replaced by contiguous ones; all of them
+    when the array is empty."""
+    empty = any(extent == 0 for extent in shape)
+    out, inner = [], 1
+    for extent, stride in zip(reversed(shape), reversed(strides)):
+        out.append(inner if empty or extent <= 1 else stride)
+        inner *= max(extent, 1)
+    return tuple(reversed(out))
+
+
+def int32(value, name):
+    """An integer argument as a Python int in int32's range, or a ValueError naming it (ctypes
+    would silently keep only the low 32 bits)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__}")
+    if not _INT32.min <= int(value) <= _INT32.max:
+        raise ValueError(f"{name} = {int(value)} does not fit in int32")
+    return int(value)
+
+
+def _int32_array(host, name):
+    """An integer host array as contiguous int32, or a ValueError when an entry does not fit."""
+    if host.size and (host.min() < _INT32.min or host.max() > _INT32.max):
+        bad = host[(host < _INT32.min) | (host > _INT32.max)].flat[0]
+        raise ValueError(f"{name}: entry {int(bad)} does not fit in int32")
+    return np.ascontiguousarray(host, dtype=np.int32)
 
 
 def wrap(obj, name, ndim):
@@ -154,15 +187,21 @@ def int32_metadata(value, like, name):
         if value.is_floating_point() or value.is_complex():
             raise TypeError(f"{name}: expected integers, got {value.dtype}")
         if like.device is not None:
-            host = (None if value.device.type == "cuda"
-                    else np.ascontiguousarray(value.numpy(), dtype=np.int32))
-            converted = value.to(device=like.device, dtype=_torch().int32).contiguous()
+            torch = _torch()
+            if value.device.type != "cuda":
+                host = _int32_array(value.numpy(), name)
+            else:
+                host = None
+                if value.dtype == torch.int64 and bool(  # one synchronization, to convert safely
+                        ((value < _INT32.min) | (value > _INT32.max)).any()):
+                    raise ValueError(f"{name}: entries do not fit in int32")
+            converted = value.to(device=like.device, dtype=torch.int32).contiguous()
             return Array(converted, name), host
         value = value.cpu().numpy()
     host = np.asarray(value)
     if host.dtype.kind not in "iu":
         raise TypeError(f"{name}: expected integers, got dtype {host.dtype}")
-    host = np.ascontiguousarray(host, dtype=np.int32)
+    host = _int32_array(host, name)
     converted = host if like.device is None else _torch().from_numpy(host).to(like.device)
     return Array(converted, name), host
 

@@ -33,8 +33,11 @@ class SelectConfig:
     mean_correction: bool = True
 
     def to_c(self):
-        return _lib.SelectConfig(int(self.block_size), float(self.alpha), int(self.sink_tokens),
-                                 int(self.window_tokens), int(self.dense_recent_tiles),
+        i32 = _arrays.int32
+        return _lib.SelectConfig(i32(self.block_size, "block_size"), float(self.alpha),
+                                 i32(self.sink_tokens, "sink_tokens"),
+                                 i32(self.window_tokens, "window_tokens"),
+                                 i32(self.dense_recent_tiles, "dense_recent_tiles"),
                                  int(bool(self.mean_correction)))
 
     @classmethod
@@ -51,7 +54,7 @@ class IndexSizes:
 
     Attributes:
         num_segments: B * Hkv * max_q_tiles; cu has num_segments + 1 entries.
-        max_q_tiles: ceil(g * max_seqlen_q / 128), g = Hq / Hkv.
+        max_q_tiles: ceil(g * min(max_seqlen_q, total_q) / 128), g = Hq / Hkv.
         max_blocks: ceil(max_seqlen_k / block_size).
         idx_capacity: upper bound on the selected tiles over all segments.
         mean_elements: B * Hkv * max_blocks * D, the size of k_mean and of v_mean.

@@ -108,10 +108,10 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
     c.device = qa.fp_device
     c.stream = _arrays.stream_of(qa)
     c.flags = _lib.FLAG_VALIDATE_DEVICE_METADATA if qa.on_cuda and validate_metadata else 0
-    c.batch_size = batch
-    c.num_heads_q = qa.shape[1]
-    c.num_heads_kv = ka.shape[-2]
-    c.head_dim = qa.shape[2]
+    c.batch_size = _arrays.int32(batch, "batch size (len(cu_seqlens_q) - 1)")
+    c.num_heads_q = _arrays.int32(qa.shape[1], "q.shape[1]")
+    c.num_heads_kv = _arrays.int32(ka.shape[-2], f"{ka.name}.shape[-2]")
+    c.head_dim = _arrays.int32(qa.shape[2], "q.shape[2]")
     c.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
     c.q = qa.ptr
     c.q_stride_token, c.q_stride_head = qa.strides[0], qa.strides[1]
@@ -119,7 +119,7 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
     c.cu_seqlens_q = cu_q.ptr
     if max_seqlen_q is None:
         max_seqlen_q = _max_length(cu_q, cu_q_host, cumulative=True)
-    c.max_seqlen_q = max_seqlen_q
+    c.max_seqlen_q = _arrays.int32(max_seqlen_q, "max_seqlen_q")
     c.k, c.v = ka.ptr, va.ptr
 
     if paged:
@@ -134,9 +134,10 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
         c.kv_layout = _lib.KvLayout.PAGED
         c.k_stride_page, c.k_stride_token, c.k_stride_head = ka.strides[:3]
         c.v_stride_page, c.v_stride_token, c.v_stride_head = va.strides[:3]
-        c.num_pages, c.page_size = ka.shape[0], ka.shape[1]
+        c.num_pages = _arrays.int32(ka.shape[0], "k_cache.shape[0] (pages)")
+        c.page_size = _arrays.int32(ka.shape[1], "k_cache.shape[1] (page size)")
         c.page_table = table.ptr
-        c.max_pages_per_seq = table.shape[1]
+        c.max_pages_per_seq = _arrays.int32(table.shape[1], "page_table.shape[1]")
         c.seqlens_k = lengths.ptr
         if max_seqlen_k is None:
             max_seqlen_k = _max_length(lengths, lengths_host, cumulative=False)
@@ -158,6 +159,6 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
         c.cu_seqlens_k = cu_k.ptr
         if max_seqlen_k is None:
             max_seqlen_k = _max_length(cu_k, cu_k_host, cumulative=True)
-    c.max_seqlen_k = max_seqlen_k
+    c.max_seqlen_k = _arrays.int32(max_seqlen_k, "max_seqlen_k")
     _fp8.set_fields(c, qa, descales, keep)
     return BuiltProblem(c, qa, keep, _fp8.default_out_dtype(qa))

@@ -133,3 +133,9 @@ def test_cuda_plan_matches_functional_and_captures_in_a_graph(rng):
     torch.cuda.synchronize()
     assert out.equal(fp.prefill(q, k, v, alpha=0.3, sink_tokens=64, window_tokens=128,
                                 cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
+
+
+def test_plan_range_checks_its_integers(rng):
+    _, _, _, cu_q, cu_k = contiguous_problem(rng)
+    with pytest.raises(ValueError, match="num_heads_q = 4294967300 does not fit in int32"):
+        fp.Plan(2**32 + 4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k)

@@ -56,8 +56,8 @@ struct BlockGeometry {
   FP_HD int32_t num_blocks() const { return int32_t(ceil_div(len_kv, block_size)); }
   FP_HD int32_t begin(int32_t j) const { return j * block_size; }
   FP_HD int32_t end(int32_t j) const {
-    const int32_t e = (j + 1) * block_size;
-    return e < len_kv ? e : len_kv;
+    const int64_t e = int64_t(j + 1) * block_size;  // past INT32_MAX for the last of long blocks
+    return e < len_kv ? int32_t(e) : len_kv;
   }
   FP_HD int32_t count(int32_t j) const { return end(j) - begin(j); }
   FP_HD int32_t first_tile(int32_t j) const { return begin(j) / kKvTile; }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/checked.hpp"
 #include "cuda/backend.hpp"
 
 namespace flashprefill {
@@ -20,6 +21,8 @@ std::string format(const char* fmt, Args... args) {
   return buf;
 }
 
+constexpr uint32_t kKnownFlags = FP_FLAG_VALIDATE_DEVICE_METADATA | FP_FLAG_MEANS_POOLED;
+
 fp_status invalid(std::string message) { return fail(FP_ERROR_INVALID_ARGUMENT, std::move(message)); }
 
 // The stored value of an enum field, read as an integer: callers through the C ABI (C, ctypes)
@@ -32,17 +35,28 @@ int32_t enum_bits(const E& field) {
   return bits;
 }
 
-// True when no two elements of a strided tensor alias: with dims sorted by stride, each stride
-// must step over the whole extent of the dims inside it.
-bool non_overlapping(std::vector<std::pair<int64_t, int64_t>> dims /* (stride, extent) */) {
+// Whether a strided tensor is addressable: no two elements alias (with dims sorted by stride,
+// each stride steps over the whole extent of the dims inside it) and it spans at most
+// kMaxElements elements. Dims of extent 0 or 1 take any stride.
+enum class Strides { kOk, kOverlap, kTooLarge };
+
+Strides strided_layout(std::vector<std::pair<int64_t, int64_t>> dims /* (stride, extent) */) {
   std::erase_if(dims, [](auto& d) { return d.second <= 1; });
   std::sort(dims.begin(), dims.end());
-  int64_t span = 1;
+  Size span = 1;
   for (auto [stride, extent] : dims) {
-    if (stride < span) return false;
-    span = stride * extent;
+    if (!span.ok()) return Strides::kTooLarge;
+    if (stride < span.value()) return Strides::kOverlap;
+    span = Size(stride) * Size(extent);
   }
-  return true;
+  return span.fits(kMaxElements) ? Strides::kOk : Strides::kTooLarge;
+}
+
+fp_status check_strides(const char* name, Strides layout, const std::string& what) {
+  if (layout == Strides::kOverlap) return invalid(format("%s strides %s overlap", name, what.c_str()));
+  if (layout == Strides::kTooLarge)
+    return invalid(format("%s strides %s span more than 2^48 elements", name, what.c_str()));
+  return FP_OK;
 }
 
 fp_status check_rows(const char* name, const void* data, int64_t rows, int64_t stride_token,
@@ -51,10 +65,10 @@ fp_status check_rows(const char* name, const void* data, int64_t rows, int64_t s
   if (stride_token < 1 || stride_head < 1)
     return invalid(format("%s strides must be positive (token %lld, head %lld)", name,
                           (long long)stride_token, (long long)stride_head));
-  if (!non_overlapping({{stride_token, rows}, {stride_head, heads}, {1, dim}}))
-    return invalid(format("%s strides (token %lld, head %lld) overlap for %d heads of dim %d", name,
-                          (long long)stride_token, (long long)stride_head, heads, dim));
-  return FP_OK;
+  return check_strides(name, strided_layout({{stride_token, rows}, {stride_head, heads}, {1, dim}}),
+                       format("(token %lld, head %lld) for %lld rows of %d heads of dim %d",
+                              (long long)stride_token, (long long)stride_head, (long long)rows,
+                              heads, dim));
 }
 
 fp_status check_cu_seqlens(const char* name, const std::vector<int32_t>& cu, int64_t total) {
@@ -82,13 +96,14 @@ fp_status fetch(const fp_problem& p, const int32_t* src, size_t count, std::vect
 
 fp_status load_metadata(const fp_problem& p, ProblemInfo* info) {
   const int32_t B = p.batch_size;
-  if (fp_status s = fetch(p, p.cu_seqlens_q, B + 1, info->cu_q); s != FP_OK) return s;
+  const size_t entries = size_t(B) + 1;  // cu_seqlens_*: [B + 1]
+  if (fp_status s = fetch(p, p.cu_seqlens_q, entries, info->cu_q); s != FP_OK) return s;
   if (fp_status s = check_cu_seqlens("cu_seqlens_q", info->cu_q, p.total_q); s != FP_OK) return s;
   info->len_kv.assign(B, 0);
   info->kv_row0.assign(B, 0);
   if (p.kv_layout == FP_KV_CONTIGUOUS) {
     std::vector<int32_t> cu_k;
-    if (fp_status s = fetch(p, p.cu_seqlens_k, B + 1, cu_k); s != FP_OK) return s;
+    if (fp_status s = fetch(p, p.cu_seqlens_k, entries, cu_k); s != FP_OK) return s;
     if (fp_status s = check_cu_seqlens("cu_seqlens_k", cu_k, p.total_k); s != FP_OK) return s;
     for (int32_t b = 0; b < B; ++b) {
       info->len_kv[b] = cu_k[b + 1] - cu_k[b];
@@ -130,7 +145,23 @@ fp_status load_metadata(const fp_problem& p, ProblemInfo* info) {
   return FP_OK;
 }
 
+// The most keys one request can hold: max_seqlen_k, total_k (contiguous) or
+// max_pages_per_seq * page_size (paged), whichever is least.
+int64_t key_bound(const fp_problem& p) {
+  const int64_t held = enum_bits(p.kv_layout) == FP_KV_CONTIGUOUS
+                           ? p.total_k
+                           : int64_t(std::max(p.max_pages_per_seq, 0)) * std::max(p.page_size, 0);
+  return std::max<int64_t>(0, std::min<int64_t>(p.max_seqlen_k, held));
+}
+
 }  // namespace
+
+fp_problem clamp_bounds(const fp_problem& problem, bool keys) {
+  fp_problem p = problem;
+  if (p.total_q >= 0 && p.max_seqlen_q > p.total_q) p.max_seqlen_q = int32_t(p.total_q);
+  if (keys && p.max_seqlen_k > 0) p.max_seqlen_k = int32_t(key_bound(p));
+  return p;
+}
 
 fp_status fail(fp_status status, std::string message) {
   g_last_error = std::move(message);
@@ -178,6 +209,8 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
   if (const int32_t d = enum_bits(p.dtype);
       d != FP_FLOAT32 && d != FP_BFLOAT16 && d != FP_FLOAT16 && d != FP_FLOAT8_E4M3)
     return invalid(format("unknown dtype %d", d));
+  if (const uint32_t unknown = p.flags & ~kKnownFlags; unknown != 0)
+    return invalid(format("unknown problem flags 0x%x", unsigned(unknown)));
   // Read once as an integer; reported where the KV checks begin, after q's.
   const int32_t layout = enum_bits(p.kv_layout);
   const bool layout_known = layout == FP_KV_CONTIGUOUS || layout == FP_KV_PAGED;
@@ -231,10 +264,13 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
       if (sp < 1 || st < 1 || sh < 1)
         return invalid(format("%s strides must be positive (page %lld, token %lld, head %lld)",
                               name, (long long)sp, (long long)st, (long long)sh));
-      if (!non_overlapping({{sp, p.num_pages}, {st, p.page_size}, {sh, p.num_heads_kv},
-                            {1, p.head_dim}}))
-        return invalid(format("%s strides (page %lld, token %lld, head %lld) overlap", name,
-                              (long long)sp, (long long)st, (long long)sh));
+      if (fp_status s = check_strides(
+              name, strided_layout({{sp, p.num_pages}, {st, p.page_size}, {sh, p.num_heads_kv},
+                                    {1, p.head_dim}}),
+              format("(page %lld, token %lld, head %lld)", (long long)sp, (long long)st,
+                     (long long)sh));
+          s != FP_OK)
+        return s;
     }
   }
   if (p.device == FP_DEVICE_CUDA) {
@@ -254,7 +290,18 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
   }
   info->group = p.num_heads_q / p.num_heads_kv;
   info->scale = p.softmax_scale > 0.f ? p.softmax_scale : 1.f / std::sqrt(float(p.head_dim));
-  info->max_q_tiles = int32_t(ceil_div(int64_t(info->group) * p.max_seqlen_q, kTileRows));
+  // Counts the kernels keep in 32 bits are checked before they are narrowed.
+  const int64_t q_tiles = ceil_div(int64_t(info->group) * p.max_seqlen_q, kTileRows);
+  if (q_tiles > INT32_MAX)
+    return fail(FP_ERROR_UNSUPPORTED,
+                format("ceil((Hq / Hkv) * max_seqlen_q / 128) = %lld query tiles per request do not "
+                       "fit in 32 bits (max_seqlen_q is taken as at most total_q)",
+                       (long long)q_tiles));
+  info->max_q_tiles = int32_t(q_tiles);
+  if (!(Size(p.batch_size) * Size(p.num_heads_kv) * Size(q_tiles)).fits(kMaxElements))
+    return fail(FP_ERROR_UNSUPPORTED,
+                format("B * Hkv * max_q_tiles = %d * %d * %lld index segments exceed 2^48",
+                       p.batch_size, p.num_heads_kv, (long long)q_tiles));
   const bool host_metadata =
       p.device == FP_DEVICE_CPU || (p.flags & FP_FLAG_VALIDATE_DEVICE_METADATA) != 0;
   if (!host_metadata) return FP_OK;
@@ -278,25 +325,63 @@ fp_status validate_config(const fp_select_config* config, bool need_block_size) 
   return FP_OK;
 }
 
-fp_index_sizes index_sizes(const ProblemInfo& info, const fp_select_config& config) {
+namespace {
+
+// The index sizes of docs/ALGORITHM.md in checked arithmetic.
+struct IndexSizeTerms {
+  Size num_segments = 0, max_blocks = 0, idx_capacity = 0, mean_elements = 0;
+};
+
+IndexSizeTerms index_size_terms(const ProblemInfo& info, const fp_select_config& config) {
   const fp_problem& p = *info.p;
+  IndexSizeTerms s;
+  const Size heads = Size(p.batch_size) * Size(p.num_heads_kv);
+  s.num_segments = heads * Size(info.max_q_tiles);
+  s.max_blocks = div_up(Size(p.max_seqlen_k), config.block_size);
+  // Query tiles over all requests: ceil(g * total_q / 128) + B, and at most B * max_q_tiles.
+  const Size tiles = div_up(Size(info.group) * Size(p.total_q), kTileRows) + Size(p.batch_size);
+  const Size all_tiles = Size(p.batch_size) * Size(info.max_q_tiles);
+  const Size tiles_bound = tiles.ok() && tiles.value() < all_tiles.value() ? tiles : all_tiles;
+  s.idx_capacity = Size(p.num_heads_kv) * tiles_bound * div_up(Size(key_bound(p)), kKvTile);
+  s.mean_elements = heads * s.max_blocks * Size(p.head_dim);
+  return s;
+}
+
+}  // namespace
+
+fp_index_sizes index_sizes(const ProblemInfo& info, const fp_select_config& config) {
+  const IndexSizeTerms t = index_size_terms(info, config);
   fp_index_sizes s{};
   s.max_q_tiles = info.max_q_tiles;
-  s.num_segments = int64_t(p.batch_size) * p.num_heads_kv * info.max_q_tiles;
-  s.max_blocks = int32_t(ceil_div(p.max_seqlen_k, config.block_size));
-  const int64_t tiles_bound =
-      std::min<int64_t>(ceil_div(int64_t(info.group) * p.total_q, kTileRows) + p.batch_size,
-                        s.num_segments / p.num_heads_kv);
-  s.idx_capacity = int64_t(p.num_heads_kv) * tiles_bound * ceil_div(p.max_seqlen_k, kKvTile);
-  s.mean_elements = int64_t(p.batch_size) * p.num_heads_kv * s.max_blocks * p.head_dim;
+  s.num_segments = t.num_segments.value();
+  s.max_blocks = int32_t(t.max_blocks.value());
+  s.idx_capacity = t.idx_capacity.value();
+  s.mean_elements = t.mean_elements.value();
   return s;
+}
+
+fp_status check_index_sizes(const ProblemInfo& info, const fp_select_config& config) {
+  const IndexSizeTerms t = index_size_terms(info, config);
+  const struct {
+    const char* name;
+    Size size;
+  } terms[] = {{"index segments (B * Hkv * max_q_tiles)", t.num_segments},
+               {"index entries (idx_capacity)", t.idx_capacity},
+               {"block-mean elements (B * Hkv * max_blocks * D)", t.mean_elements}};
+  for (const auto& term : terms)
+    if (!term.size.fits(kMaxElements))
+      return fail(FP_ERROR_UNSUPPORTED,
+                  format("the problem needs %s %s, more than 2^48", term.name,
+                         term.size.ok() ? std::to_string(term.size.value()).c_str()
+                                        : "beyond 2^63"));
+  return FP_OK;
 }
 
 fp_status validate_index_buffers(const ProblemInfo& info, const fp_select_config& config,
                                  const fp_index* index, bool for_attention) {
   if (index == nullptr) return invalid("index is NULL");
   const fp_index_sizes s = index_sizes(info, config);
-  if (s.idx_capacity >= (int64_t(1) << 31))
+  if (!for_attention && s.idx_capacity >= (int64_t(1) << 31))
     return fail(FP_ERROR_UNSUPPORTED,
                 format("the index would need %lld entries, more than int32 offsets address",
                        (long long)s.idx_capacity));

@@ -12,6 +12,10 @@
 
 namespace flashprefill {
 
+// The most elements any tensor, index or workspace part may span (2^48): sizes derived from a
+// problem stay far from 64-bit overflow after any small factor (bytes, splits, alignment).
+inline constexpr int64_t kMaxElements = int64_t(1) << 48;
+
 // Records `message` as this thread's last error and returns `status`.
 fp_status fail(fp_status status, std::string message);
 void clear_error();
@@ -39,10 +43,19 @@ struct ProblemInfo {
   KvAddress kv_address(int32_t b, bool value) const;
 };
 
+// A copy of the problem with max_seqlen_q lowered to total_q and, when `keys`, max_seqlen_k to
+// the most keys a request can hold (total_k, or max_pages_per_seq * page_size): bounds above what
+// the call can see only inflate its sizes. max_seqlen_k also sets the k_mean / v_mean layout that
+// callers keep across chunked-prefill calls, so it is lowered only where the means are internal.
+fp_problem clamp_bounds(const fp_problem& problem, bool keys);
+
 fp_status validate_problem(const fp_problem* problem, ProblemInfo* info);
 fp_status validate_config(const fp_select_config* config, bool need_block_size);
 
+// The index sizes; valid once check_index_sizes returned FP_OK for the same problem and config.
 fp_index_sizes index_sizes(const ProblemInfo& info, const fp_select_config& config);
+// Every index size (segments, entries, mean elements) fits kMaxElements, computed without wrap.
+fp_status check_index_sizes(const ProblemInfo& info, const fp_select_config& config);
 // Checks that the index's buffers are present (v_mean only with correction).
 fp_status validate_index_buffers(const ProblemInfo& info, const fp_select_config& config,
                                  const fp_index* index, bool for_attention);

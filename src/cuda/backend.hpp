@@ -16,6 +16,7 @@ bool available();
 // synchronizes the host, and only when the caller asks for it).
 fp_status copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
 
+// Workspace sizes in bytes, SIZE_MAX when the size does not fit in 64 bits.
 size_t build_index_workspace(const ProblemInfo& info, const fp_select_config& config);
 fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
                       const fp_index& index, void* workspace, size_t workspace_bytes);

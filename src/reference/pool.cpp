@@ -31,6 +31,7 @@ void pool(const ProblemInfo& info, const fp_select_config& config, float* k_mean
   const fp_problem& p = *info.p;
   const int32_t D = p.head_dim;
   const int32_t max_blocks = int32_t(ceil_div(p.max_seqlen_k, config.block_size));
+  if (max_blocks == 0) return;  // no keys: nothing to pool
   parallel_for(int64_t(p.batch_size) * p.num_heads_kv, [&](int64_t bh) {
     const int32_t b = int32_t(bh / p.num_heads_kv), h = int32_t(bh % p.num_heads_kv);
     const BlockGeometry blocks{config.block_size, info.len_kv[b]};

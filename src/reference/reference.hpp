@@ -27,18 +27,31 @@ QueryTile load_query_tile(const ProblemInfo& info, int32_t b, int32_t h, int32_t
 void pool(const ProblemInfo& info, const fp_select_config& config, float* k_mean, float* v_mean,
           const int32_t* pooled_keys = nullptr);
 
-// Stage 1b-c (Eq. 19-20 and the CSR): reads index.k_mean, writes index.cu and index.idx.
-void score_and_select(const ProblemInfo& info, const fp_select_config& config,
-                      const fp_index& index);
+// B * Hkv * max_q_tiles.
+int64_t num_segments(const ProblemInfo& info);
+// The most tiles segment s can list: its query tile's causal tiles (0 past the request's tiles).
+int32_t max_selected(const ProblemInfo& info, int64_t s);
 
-// Checks a (possibly foreign) index against the CSR rules; FP_OK or an error.
-fp_status validate_index(const ProblemInfo& info, const fp_index& index);
+// Stage 1b-c (Eq. 19-20 and the CSR) for the segments [s0, s1) (s1 < 0: all): reads
+// index.k_mean, writes index.cu[0, s1 - s0] (cu[i] is the offset of segment s0 + i) and
+// index.idx, which must hold the sum of max_selected over the range.
+void score_and_select(const ProblemInfo& info, const fp_select_config& config,
+                      const fp_index& index, int64_t s0 = 0, int64_t s1 = -1);
+
+// Checks a (possibly foreign) index against the CSR rules in two passes, so that nothing is read
+// before it is checked: every cu entry (cu[0] = 0, non-decreasing, within idx_capacity, empty
+// segments past a request's tiles), then the tiles idx[0, cu[num_segments]) of each segment.
+// cu and idx are host arrays.
+fp_status validate_index_offsets(const ProblemInfo& info, const int32_t* cu, int64_t idx_capacity);
+fp_status validate_index_tiles(const ProblemInfo& info, const int32_t* cu, const int32_t* idx);
 
 double index_density(const ProblemInfo& info, const fp_index& index);
 
-// Stage 2 (Eq. 4, 6): float32 accumulation; mean correction when config.mean_correction.
+// Stage 2 (Eq. 4, 6) for the segments [s0, s1) (s1 < 0: all), index.cu numbered from s0 as
+// score_and_select writes it; float64 accumulation; mean correction when config.mean_correction.
 void sparse_attention(const ProblemInfo& info, const fp_select_config& config,
-                      const fp_index& index, const fp_output& output);
+                      const fp_index& index, const fp_output& output, int64_t s0 = 0,
+                      int64_t s1 = -1);
 
 // Exact causal attention, float64 accumulation.
 void dense_attention(const ProblemInfo& info, const fp_output& output);

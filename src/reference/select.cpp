@@ -81,62 +81,83 @@ std::vector<int32_t> select_tiles(const ProblemInfo& info, const fp_select_confi
 
 }  // namespace
 
+int64_t num_segments(const ProblemInfo& info) {
+  return int64_t(info.p->batch_size) * info.p->num_heads_kv * info.max_q_tiles;
+}
+
+int32_t max_selected(const ProblemInfo& info, int64_t s) {
+  const Segment seg = segment_of(info, s);
+  const SeqGeometry seq = info.seq(seg.b);
+  return seg.tile < seq.num_q_tiles() ? seq.causal_tiles(seg.tile) : 0;
+}
+
 void score_and_select(const ProblemInfo& info, const fp_select_config& config,
-                      const fp_index& index) {
-  const fp_problem& p = *info.p;
-  const int64_t segments = int64_t(p.batch_size) * p.num_heads_kv * info.max_q_tiles;
-  const int32_t max_blocks = int32_t(ceil_div(p.max_seqlen_k, config.block_size));
-  std::vector<std::vector<int32_t>> lists(segments);
-  parallel_for(segments, [&](int64_t s) {
-    const Segment seg = segment_of(info, s);
+                      const fp_index& index, int64_t s0, int64_t s1) {
+  if (s1 < 0) s1 = num_segments(info);
+  const int32_t max_blocks = int32_t(ceil_div(info.p->max_seqlen_k, config.block_size));
+  std::vector<std::vector<int32_t>> lists(s1 - s0);
+  parallel_for(s1 - s0, [&](int64_t i) {
+    const Segment seg = segment_of(info, s0 + i);
     if (seg.tile < info.seq(seg.b).num_q_tiles())
-      lists[s] = select_tiles(info, config, index.k_mean, max_blocks, seg);
+      lists[i] = select_tiles(info, config, index.k_mean, max_blocks, seg);
   });
   index.cu[0] = 0;
-  for (int64_t s = 0; s < segments; ++s) {
-    index.cu[s + 1] = index.cu[s] + int32_t(lists[s].size());
-    std::copy(lists[s].begin(), lists[s].end(), index.idx + index.cu[s]);
+  for (int64_t i = 0; i < s1 - s0; ++i) {
+    index.cu[i + 1] = index.cu[i] + int32_t(lists[i].size());
+    std::copy(lists[i].begin(), lists[i].end(), index.idx + index.cu[i]);
   }
 }
 
-fp_status validate_index(const ProblemInfo& info, const fp_index& index) {
-  const fp_problem& p = *info.p;
-  const int64_t segments = int64_t(p.batch_size) * p.num_heads_kv * info.max_q_tiles;
-  if (index.cu[0] != 0) return fail(FP_ERROR_INVALID_ARGUMENT, "index->cu[0] must be 0");
-  if (index.cu[segments] > index.idx_capacity)
-    return fail(FP_ERROR_INVALID_ARGUMENT,
-                "index lists " + std::to_string(index.cu[segments]) +
-                    " tiles but idx_capacity is " + std::to_string(index.idx_capacity));
+namespace {
+
+std::string segment_name(const Segment& seg, int64_t s) {
+  return "index segment " + std::to_string(s) + " (request " + std::to_string(seg.b) +
+         ", kv head " + std::to_string(seg.h) + ", query tile " + std::to_string(seg.tile) + ")";
+}
+
+}  // namespace
+
+fp_status validate_index_offsets(const ProblemInfo& info, const int32_t* cu, int64_t idx_capacity) {
+  const int64_t segments = num_segments(info);
+  if (cu[0] != 0) return fail(FP_ERROR_INVALID_ARGUMENT, "index->cu[0] must be 0");
   for (int64_t s = 0; s < segments; ++s) {
-    const Segment seg = segment_of(info, s);
-    const SeqGeometry seq = info.seq(seg.b);
-    const int32_t begin = index.cu[s], end = index.cu[s + 1];
-    const std::string where = "index segment " + std::to_string(s) + " (request " +
-                              std::to_string(seg.b) + ", kv head " + std::to_string(seg.h) +
-                              ", query tile " + std::to_string(seg.tile) + ")";
-    if (end < begin) return fail(FP_ERROR_INVALID_ARGUMENT, "index->cu decreases at " + where);
-    if (seg.tile >= seq.num_q_tiles()) {
-      if (end != begin)
-        return fail(FP_ERROR_INVALID_ARGUMENT, where + " lies past the request's queries but lists tiles");
-      continue;
-    }
-    const int32_t causal = seq.causal_tiles(seg.tile);
+    const int32_t begin = cu[s], end = cu[s + 1];
+    if (end < begin)
+      return fail(FP_ERROR_INVALID_ARGUMENT,
+                  "index->cu decreases at " + segment_name(segment_of(info, s), s));
+    if (end > idx_capacity)
+      return fail(FP_ERROR_INVALID_ARGUMENT,
+                  "index->cu[" + std::to_string(s + 1) + "] = " + std::to_string(end) +
+                      " lists tiles past idx_capacity = " + std::to_string(idx_capacity));
+    if (end != begin && max_selected(info, s) == 0)
+      return fail(FP_ERROR_INVALID_ARGUMENT, segment_name(segment_of(info, s), s) +
+                                                 " lies past the request's queries but lists tiles");
+  }
+  return FP_OK;
+}
+
+fp_status validate_index_tiles(const ProblemInfo& info, const int32_t* cu, const int32_t* idx) {
+  const int64_t segments = num_segments(info);
+  for (int64_t s = 0; s < segments; ++s) {
+    const int32_t begin = cu[s], end = cu[s + 1];
+    if (begin == end) continue;
+    const int32_t causal = max_selected(info, s);
     for (int32_t i = begin; i < end; ++i) {
-      const int32_t t = index.idx[i];
+      const int32_t t = idx[i];
       if (t < 0 || t >= causal)
-        return fail(FP_ERROR_INVALID_ARGUMENT, where + " lists tile " + std::to_string(t) +
-                                                   " outside its causal range [0, " +
-                                                   std::to_string(causal) + ")");
-      if (i > begin && t <= index.idx[i - 1])
-        return fail(FP_ERROR_INVALID_ARGUMENT, where + " is not strictly ascending");
+        return fail(FP_ERROR_INVALID_ARGUMENT,
+                    segment_name(segment_of(info, s), s) + " lists tile " + std::to_string(t) +
+                        " outside its causal range [0, " + std::to_string(causal) + ")");
+      if (i > begin && t <= idx[i - 1])
+        return fail(FP_ERROR_INVALID_ARGUMENT,
+                    segment_name(segment_of(info, s), s) + " is not strictly ascending");
     }
   }
   return FP_OK;
 }
 
 double index_density(const ProblemInfo& info, const fp_index& index) {
-  const fp_problem& p = *info.p;
-  const int64_t segments = int64_t(p.batch_size) * p.num_heads_kv * info.max_q_tiles;
+  const int64_t segments = num_segments(info);
   double selected = 0, causal = 0;
   for (int64_t s = 0; s < segments; ++s) {
     const Segment seg = segment_of(info, s);

@@ -18,6 +18,7 @@
 #include "cuda/attention/means.hpp"
 #include "cuda/attention/params.hpp"
 #include "cuda/attention/schedule_prep.hpp"
+#include "core/checked.hpp"
 #include "cuda/backend.hpp"
 
 namespace flashprefill::cuda {
@@ -399,9 +400,13 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
 }  // namespace
 
 size_t attention_workspace(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
+  // Each term is bounded by the validated sizes (kMaxElements), so only the sum can overflow.
   const PartialBytes bytes = partial_bytes(info, num_splits(info));
-  return align_up(attention::schedule_bytes(info.p->batch_size)) + pair_rows_bytes(*info.p) +
-         bytes.o + bytes.lse + 2 * lowp_mean_bytes(info, config, sparse);
+  const Size mean = Size(int64_t(lowp_mean_bytes(info, config, sparse)));
+  return (Size(int64_t(align_up(attention::schedule_bytes(info.p->batch_size)))) +
+          Size(int64_t(pair_rows_bytes(*info.p))) + Size(int64_t(bytes.o)) +
+          Size(int64_t(bytes.lse)) + mean + mean)
+      .bytes_or_max();
 }
 
 fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,

@@ -38,8 +38,9 @@ inline int32_t paged_tma_box_rows(const fp_problem& p) {
 
 // Entries of the run table (AttentionParams::pair_rows) per request: one per 128 keys.
 inline int32_t paged_max_pairs(const fp_problem& p) {
-  return p.kv_layout == FP_KV_PAGED ? int32_t((p.max_seqlen_k + 2 * kKvTile - 1) / (2 * kKvTile))
-                                    : 0;
+  return p.kv_layout == FP_KV_PAGED
+             ? int32_t((int64_t(p.max_seqlen_k) + 2 * kKvTile - 1) / (2 * kKvTile))
+             : 0;
 }
 
 inline constexpr int64_t kElementBytes = 2;  // bf16 / fp16 operands

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/checked.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/index/csr.cuh"
 #include "cuda/index/pool.cuh"
@@ -13,24 +14,29 @@
 namespace flashprefill::cuda {
 namespace {
 
-constexpr size_t kAlign = 256;
+constexpr int64_t kAlign = 256;
 constexpr double kLog2e = 1.4426950408889634;
-
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // Workspace: rho(k_mean) in the dtype | per-segment block bitmasks | per-segment tile counts.
 struct IndexWorkspace {
   size_t k_rounded = 0, mask = 0, counts = 0;
   int32_t mask_words = 0;
+  Size bytes = 0;  // the total, checked
 
   IndexWorkspace(const ProblemInfo& info, const fp_select_config& config) {
     const fp_index_sizes s = index_sizes(info, config);
     mask_words = int32_t(ceil_div(s.max_blocks, 32));
-    k_rounded = align_up(size_t(s.mean_elements) * dtype_size(info.p->dtype));
-    mask = align_up(size_t(s.num_segments) * mask_words * sizeof(uint32_t));
-    counts = align_up(size_t(s.num_segments) * sizeof(int32_t));
+    const Size k_bytes =
+        (Size(s.mean_elements) * Size(int64_t(dtype_size(info.p->dtype)))).align_up(kAlign);
+    const Size mask_bytes =
+        (Size(s.num_segments) * Size(mask_words) * Size(int64_t(sizeof(uint32_t)))).align_up(kAlign);
+    const Size count_bytes = (Size(s.num_segments) * Size(int64_t(sizeof(int32_t)))).align_up(kAlign);
+    bytes = k_bytes + mask_bytes + count_bytes;
+    k_rounded = size_t(k_bytes.value());
+    mask = size_t(mask_bytes.value());
+    counts = size_t(count_bytes.value());
   }
-  size_t total() const { return k_rounded + mask + counts; }
+  size_t total() const { return bytes.bytes_or_max(); }
 };
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
