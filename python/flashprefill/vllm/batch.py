@@ -247,6 +247,12 @@ class ForwardBatch:
             of out to the caller.
         num_actual_tokens: rows of q that belong to requests (q may be padded past them);
             None means query_start_loc_cpu[R].
+
+    Attributes:
+        parts: the Parts the library runs (none for a batch of decodes left to the caller).
+        num_decodes, num_decode_tokens: the leading one-token requests and their rows.
+        starts, lens_q, seq_lens_host: host numpy copies of the metadata (int64).
+        seq_lens, block_table: the device metadata, first R rows.
     """
 
     def __init__(self, settings, query_start_loc, seq_lens, block_table, *,
