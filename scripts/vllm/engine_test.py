@@ -32,6 +32,7 @@ import sys
 import time
 
 DECODE_TOKENS = 16
+PLUGIN = "flashprefill.vllm:register"
 PREFIX_TOKENS = 1024
 CHECK_LAYER = 1
 BLOCK_SIZE = 32  # the smallest CPU_ATTN takes (a multiple of 32)
@@ -154,8 +155,15 @@ def run_engine(model, config, out_path):
     """One engine, one configuration (the environment already holds its settings)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    import flashprefill.vllm
-    flashprefill.vllm.register()
+    # vLLM loads the plugin itself when the installed package declares its entry point;
+    # otherwise register() does the same by hand.
+    from importlib.metadata import entry_points
+    plugins = entry_points(group="vllm.general_plugins")
+    registered_by = "entry point"
+    if not any(ep.value == PLUGIN for ep in plugins):
+        import flashprefill.vllm
+        flashprefill.vllm.register()
+        registered_by = "flashprefill.vllm.register()"
     check = None
     if config != "stock":
         check = LayerCheck(f"model.layers.{CHECK_LAYER}.self_attn.attn")
@@ -175,7 +183,7 @@ def run_engine(model, config, out_path):
     outputs = llm.generate([TokensPrompt(prompt_token_ids=warmup)], params, use_tqdm=False)
     outputs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params,
                             use_tqdm=False)
-    result = {"config": config, "load_s": loaded - started, "generate_s": time.time() - loaded,
+    result = {"config": config, "registered_by": registered_by, "load_s": loaded - started, "generate_s": time.time() - loaded,
               "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
               "cached_tokens": [o.num_cached_tokens for o in outputs],
               "tokens": [], "logprobs": []}
@@ -226,7 +234,8 @@ def main():
                         str(path)], env=dict(child_env, **env), check=True)
         results[name] = json.loads(path.read_text())
         r = results[name]
-        print(f"{name}: {time.time() - started:.0f} s (engine load {r['load_s']:.0f} s, generate "
+        print(f"{name}: backend registered by {r['registered_by']}; "
+              f"{time.time() - started:.0f} s (engine load {r['load_s']:.0f} s, generate "
               f"{r['generate_s']:.0f} s); prompt tokens {r['prompt_tokens']}, served from the "
               f"prefix cache {r['cached_tokens']}", flush=True)
     failures = []

@@ -34,6 +34,7 @@ import os
 import numpy as np
 
 from .. import _index
+from ..plan import Plan
 
 _ENV_PREFIX = "FLASHPREFILL_"
 
@@ -136,38 +137,6 @@ def _host_ints(x):
     return np.asarray(x, dtype=np.int64)
 
 
-def _new_plan(**kwargs):
-    """A flashprefill.Plan; the functional calls stand in where Plan is not available."""
-    import flashprefill as fp
-    if hasattr(fp, "Plan"):
-        return fp.Plan(**kwargs)
-    return _CallPlan(**kwargs)
-
-
-class _CallPlan:
-    """Plan's interface over flashprefill.prefill / dense_attention (same computation)."""
-
-    def __init__(self, *, cu_seqlens_q, max_seqlen_q, max_seqlen_k, seqlens_k, page_table,
-                 softmax_scale, config, dense, validate_metadata, **_):
-        self.metadata = dict(cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                             max_seqlen_k=max_seqlen_k, validate_metadata=validate_metadata)
-        self.seqlens_k, self.page_table = seqlens_k, page_table
-        self.softmax_scale, self.config, self.dense = softmax_scale, config, dense
-
-    def run(self, q, k, v, out=None):
-        import flashprefill as fp
-        paged = fp.PagedKV(k, v, self.page_table, self.seqlens_k)
-        if self.dense:
-            return fp.dense_attention(q, paged, softmax_scale=self.softmax_scale, out=out,
-                                      **self.metadata)
-        c = self.config
-        return fp.prefill(q, paged, softmax_scale=self.softmax_scale, block_size=c.block_size,
-                          alpha=c.alpha, sink_tokens=c.sink_tokens,
-                          window_tokens=c.window_tokens,
-                          dense_recent_tiles=c.dense_recent_tiles,
-                          mean_correction=c.mean_correction, out=out, **self.metadata)
-
-
 class Part:
     """Requests of one forward that run as one library plan (sparse or dense).
 
@@ -218,15 +187,12 @@ class Part:
         key = (q.dtype, tuple(key_cache.shape), float(softmax_scale))
         plan = self._plans.get(key)
         if plan is None:
-            num_blocks, block_size, num_heads_kv, head_dim = key_cache.shape
-            plan = _new_plan(num_heads_q=q.shape[1], num_heads_kv=num_heads_kv,
-                             head_dim=head_dim, dtype=q.dtype, device=q.device,
-                             cu_seqlens_q=self.cu_seqlens_q, max_seqlen_q=self.max_seqlen_q,
-                             max_seqlen_k=self.max_seqlen_k, seqlens_k=self.seqlens_k,
-                             page_table=self.page_table, page_size=block_size,
-                             num_pages=num_blocks, softmax_scale=softmax_scale,
-                             config=None if self.dense else config, dense=self.dense,
-                             validate_metadata=q.device.type != "cuda")
+            num_heads_kv, head_dim = key_cache.shape[2:]
+            plan = Plan(q.shape[1], num_heads_kv, head_dim, q.dtype, q.device,
+                        self.cu_seqlens_q, self.max_seqlen_q, self.max_seqlen_k,
+                        seqlens_k=self.seqlens_k, page_table=self.page_table,
+                        softmax_scale=softmax_scale, config=None if self.dense else config,
+                        dense=self.dense, validate_metadata=q.device.type != "cuda")
             self._plans[key] = plan
         return plan
 
