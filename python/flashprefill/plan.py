@@ -112,6 +112,9 @@ class Plan:
         c.device = _lib.Device.CUDA if like.on_cuda else _lib.Device.CPU
         c.flags = _lib.FLAG_VALIDATE_DEVICE_METADATA if like.on_cuda and validate_metadata else 0
         c.dtype = _arrays.fp_dtype(like)
+        if c.dtype == _lib.DType.FLOAT8_E4M3:  # its out would be bf16, not the plan's dtype
+            raise TypeError("dtype: a Plan takes float32, bfloat16 or float16; FP8 e4m3 goes "
+                            "through prefill() / dense_attention() with descales")
         c.num_heads_q, c.num_heads_kv, c.head_dim = num_heads_q, num_heads_kv, head_dim
         c.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
         cu_q, _ = _arrays.int32_metadata(cu_seqlens_q, like, "cu_seqlens_q")
@@ -154,6 +157,10 @@ class Plan:
         self._validate_every_run = False
         c.flags &= ~_lib.FLAG_VALIDATE_DEVICE_METADATA
         self._out = _lib.Output()
+        torch = _arrays._torch()
+        self._torch_place = device is not None
+        self._tensor = torch.Tensor if self._torch_place else None
+        self._cuda_index = device.index if like.on_cuda else None
         if self.dense:
             self._call = _lib.lib.fp_dense_attention
             self._call_args = (ctypes.byref(c), ctypes.byref(self._out))
@@ -221,58 +228,77 @@ class Plan:
         out = self._run(q, k, v, out, lse)
         return out if lse is None else (out, lse)
 
+    def _view(self, a, name, ndim, heads):
+        """(data pointer, shape, strides in elements) of a tensor that fits the plan; the
+        detailed checks (and their messages) run only when the quick one fails."""
+        if self._torch_place:
+            shape = a.shape
+            if (a.__class__ is not self._tensor or a.dtype != self._like.dtype or
+                    a.device != self._like.device or len(shape) != ndim or
+                    shape[-2] != heads or shape[-1] != self._c.head_dim):
+                self._check(a, name, ndim, heads)
+            return a.data_ptr(), shape, a.stride()
+        self._check(a, name, ndim, heads)
+        view = _arrays.Array(a, name)
+        return view.ptr, view.shape, view.strides
+
     def _run(self, q, k, v, out, lse, per_call_workspace=False):
         """run() with lse given as a buffer (or None); per_call_workspace takes the workspace
         from the allocator for this call only (the torch ops' path, where plans are shared by
         calls that may run on different streams)."""
         c = self._c
-        self._check(q, "q", 3, c.num_heads_q)
-        self._check(k, "k", self._kv_ndim, c.num_heads_kv)
-        self._check(v, "v", self._kv_ndim, c.num_heads_kv)
-        if tuple(k.shape) != tuple(v.shape):
-            raise ValueError(f"k has shape {tuple(k.shape)} but v has {tuple(v.shape)}")
-        qa, ka, va = _arrays.Array(q, "q"), _arrays.Array(k, "k"), _arrays.Array(v, "v")
-        total_q = qa.shape[0]
-        c.q, c.k, c.v = qa.ptr, ka.ptr, va.ptr
+        kv_ndim = self._kv_ndim
+        c.q, q_shape, q_strides = self._view(q, "q", 3, c.num_heads_q)
+        c.k, k_shape, k_strides = self._view(k, "k", kv_ndim, c.num_heads_kv)
+        c.v, v_shape, v_strides = self._view(v, "v", kv_ndim, c.num_heads_kv)
+        if k_shape != v_shape:
+            raise ValueError(f"k has shape {tuple(k_shape)} but v has {tuple(v_shape)}")
+        total_q = q_shape[0]
         c.total_q = total_q
-        c.q_stride_token, c.q_stride_head = qa.strides[0], qa.strides[1]
-        if self.paged:
-            c.num_pages, c.page_size = ka.shape[0], ka.shape[1]
-            c.k_stride_page, c.k_stride_token, c.k_stride_head = ka.strides[:3]
-            c.v_stride_page, c.v_stride_token, c.v_stride_head = va.strides[:3]
-            kv_rows = ka.shape[0] * ka.shape[1]
+        c.q_stride_token, c.q_stride_head = q_strides[0], q_strides[1]
+        if kv_ndim == 4:
+            c.num_pages, c.page_size = k_shape[0], k_shape[1]
+            c.k_stride_page, c.k_stride_token, c.k_stride_head = k_strides[:3]
+            c.v_stride_page, c.v_stride_token, c.v_stride_head = v_strides[:3]
+            kv_rows = k_shape[0] * k_shape[1]
         else:
-            c.total_k = ka.shape[0]
-            c.k_stride_token, c.k_stride_head = ka.strides[0], ka.strides[1]
-            c.v_stride_token, c.v_stride_head = va.strides[0], va.strides[1]
-            kv_rows = ka.shape[0]
+            c.total_k = k_shape[0]
+            c.k_stride_token, c.k_stride_head = k_strides[0], k_strides[1]
+            c.v_stride_token, c.v_stride_head = v_strides[0], v_strides[1]
+            kv_rows = k_shape[0]
         if self._rows != (total_q, kv_rows):
             self._size_workspace(total_q, kv_rows)
         if out is None:
-            out = _arrays.empty(qa, qa.shape)
-        else:
-            self._check(out, "out", 3, c.num_heads_q)
-            if tuple(out.shape) != qa.shape:
-                raise ValueError(f"out: expected shape {qa.shape}, got {tuple(out.shape)}")
-        oa = _arrays.Array(out, "out")
+            out = _arrays.empty(self._like, tuple(q_shape))
         o = self._out
-        o.out, o.out_stride_token, o.out_stride_head = oa.ptr, oa.strides[0], oa.strides[1]
+        o.out, out_shape, out_strides = self._view(out, "out", 3, c.num_heads_q)
+        if out_shape != q_shape:
+            raise ValueError(f"out: expected shape {tuple(q_shape)}, got {tuple(out_shape)}")
+        o.out_stride_token, o.out_stride_head = out_strides[0], out_strides[1]
         if lse is None:
             o.lse = None
         else:
             la = _arrays.Array(lse, "lse")
             _arrays.require(la, "float32", (c.num_heads_q, total_q))
-            _arrays.require_same_place(qa, la)
+            if la.place() != self._like.place():
+                raise ValueError(f"lse is on {la.place()} but the plan is for "
+                                 f"{self._like.place()}")
             o.lse = la.ptr
-        c.stream = _arrays.stream_of(qa)
-        ws = (_arrays.Workspace(qa, self._workspace_bytes) if per_call_workspace
-              else self._workspace)
+        if per_call_workspace:
+            ws = _arrays.Workspace(self._like, self._workspace_bytes)
+        else:
+            ws = self._workspace
         if self._validate_every_run or self._validate_once:
             c.flags |= _lib.FLAG_VALIDATE_DEVICE_METADATA
-        with _arrays.device_guard(qa):
+        if self._cuda_index is None:
             status = self._call(*self._call_args, ws.ptr, ws.nbytes)
+        else:
+            c.stream = _arrays.raw_stream(self._cuda_index)
+            with _arrays.device_guard_index(self._cuda_index):
+                status = self._call(*self._call_args, ws.ptr, ws.nbytes)
         if self._validate_once:
             self._validate_once = False
+        if not self._validate_every_run:
             c.flags &= ~_lib.FLAG_VALIDATE_DEVICE_METADATA
         if status != _lib.Status.OK:
             raise _lib.FlashPrefillError(status, _lib.lib.fp_last_error_message().decode(

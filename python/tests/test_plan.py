@@ -107,3 +107,29 @@ def test_plan_rejects_bad_layouts(rng):
         fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k[:2])
     with pytest.raises(TypeError, match="SelectConfig"):
         fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k, config={})
+
+
+def test_cuda_plan_matches_functional_and_captures_in_a_graph(rng):
+    torch = pytest.importorskip("torch")
+    if not (torch.cuda.is_available() and fp.cuda_available()):
+        pytest.skip("needs torch with a GPU and the library's CUDA path")
+    lens_q, lens_k = [640, 384], [640, 1408]
+    to_cuda = lambda a: torch.from_numpy(a).to("cuda", torch.bfloat16)  # noqa: E731
+    q, k, v = (to_cuda(a) for a in structured_qkv(rng, 1024, 2048, 8, 2, 128))
+    cu_q = torch.from_numpy(cu_of(lens_q)).cuda()
+    cu_k = torch.from_numpy(cu_of(lens_k)).cuda()
+    plan = fp.Plan(8, 2, 128, torch.bfloat16, "cuda", cu_q, 640, 1408, cu_seqlens_k=cu_k,
+                   config=CONFIG)
+    expected = fp.prefill(q, k, v, alpha=0.3, sink_tokens=64, window_tokens=128,
+                          cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert plan.run(q, k, v).equal(expected)  # the first run validates the metadata
+    out = torch.empty_like(q)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(q, k, v, out=out)
+    q2, k2, v2 = (to_cuda(a) for a in structured_qkv(rng, 1024, 2048, 8, 2, 128))
+    q.copy_(q2), k.copy_(k2), v.copy_(v2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.equal(fp.prefill(q, k, v, alpha=0.3, sink_tokens=64, window_tokens=128,
+                                cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
