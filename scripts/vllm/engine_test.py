@@ -1,0 +1,275 @@
+"""flashprefill's vLLM backend in a real vLLM engine on the CPU, against vLLM's own CPU_ATTN.
+
+    python scripts/vllm/engine_test.py MODEL_DIR [--work DIR]
+
+Runs one engine per configuration, each in its own process (vLLM's in-process engine core, so
+the attention layers can be observed): the stock backend, flashprefill at alpha = 0 and
+flashprefill at its default selection. Every engine gets the same workload: a warm-up prompt,
+then three prompts submitted together (two share the warm-up's 1024-token prefix, so prefix
+caching serves it; 1K-3K tokens each), chunked prefill with max_num_batched_tokens = 512 so
+prompts split into chunks that extend a cached prefix, block size 32, greedy decoding of
+DECODE_TOKENS tokens with the chosen token's log-probability.
+
+Checks (exit status 1 when one fails):
+  * alpha = 0: the same tokens as the stock backend and log-probabilities within float32 noise
+    (LOGPROB_TOLERANCE);
+  * one layer's attention output, for every prefill and extend request of every forward,
+    against exact float64 attention over keys and values read back from the paged cache with
+    torch indexing (alpha = 0: within FLOAT32_TOLERANCE), and against the library's
+    contiguous call on those keys (both configurations: within FLOAT32_TOLERANCE);
+  * prefix caching served the shared prefix and prefill ran in chunks that extend a prefix.
+Reported: token agreement and log-probability differences at the default selection, the
+error against exact attention there, and how fragmented the block tables were (the share of
+128-key spans whose blocks lie in consecutive pool rows, over every request of every forward).
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+DECODE_TOKENS = 16
+PLUGIN = "flashprefill.vllm:register"
+PREFIX_TOKENS = 1024
+CHECK_LAYER = 1
+BLOCK_SIZE = 32  # the smallest CPU_ATTN takes (a multiple of 32)
+LOGPROB_TOLERANCE = 2e-3
+FLOAT32_TOLERANCE = 1e-4
+
+CONFIGS = {
+    "stock": {},
+    "flashprefill-alpha0": {"FLASHPREFILL_VLLM_CPU": "1", "FLASHPREFILL_ALPHA": "0",
+                            "FLASHPREFILL_MIN_SPARSE_LEN": "0"},
+    "flashprefill-default": {"FLASHPREFILL_VLLM_CPU": "1"},
+}
+
+
+def facts(tokenizer, seed, count):
+    """Token ids of `count` tokens of numbered facts (a retrieval-style document)."""
+    import random
+    rng = random.Random(seed)
+    words = ["amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor",
+             "indigo", "juniper", "kelp", "lagoon", "marble", "nectar", "onyx", "prairie"]
+    ids, n = [], 0
+    while len(ids) < count:
+        line = (f"Record {seed}-{n}: the {rng.choice(words)} vault holds code "
+                f"{rng.randrange(10000, 99999)} and the {rng.choice(words)} key.\n")
+        ids += tokenizer.encode(line, add_special_tokens=False)
+        n += 1
+    return ids[:count]
+
+
+def prompts(tokenizer):
+    question = tokenizer.encode("\nQuestion: which code does the amber vault hold? Answer:",
+                                add_special_tokens=False)
+    prefix = facts(tokenizer, 1, PREFIX_TOKENS)
+    warmup = prefix + facts(tokenizer, 2, 200) + question
+    batch = [prefix + facts(tokenizer, 3, 1000) + question,
+             prefix + facts(tokenizer, 4, 2000) + question,
+             facts(tokenizer, 5, 1200) + question]
+    return warmup, batch
+
+
+class LayerCheck:
+    """Observes one attention layer of the flashprefill CPU backend (see the module docstring)."""
+
+    def __init__(self, layer_name):
+        self.layer_name = layer_name
+        self.worst = {"exact": 0.0, "library": 0.0}
+        self.rows = 0
+        self.extend_requests = 0
+        self.spans = [0, 0]
+
+    def install(self):
+        from flashprefill.vllm import backend
+        original = backend.FlashPrefillCPUImpl.forward
+        check = self
+
+        def forward(impl, layer, query, key, value, kv_cache, attn_metadata, output, *args,
+                    **kwargs):
+            result = original(impl, layer, query, key, value, kv_cache, attn_metadata, output,
+                              *args, **kwargs)
+            if attn_metadata is not None and getattr(layer, "layer_name", "") == check.layer_name:
+                check.observe(impl, query, kv_cache, attn_metadata.batch, output)
+            return result
+
+        backend.FlashPrefillCPUImpl.forward = forward
+
+    def observe(self, impl, query, kv_cache, batch, output):
+        import torch
+
+        import flashprefill as fp
+        from flashprefill.vllm import batch as vb
+        key_cache, value_cache = vb.kv_views(kv_cache, impl.head_size)
+        block_size = key_cache.shape[1]
+        consecutive, total = vb.consecutive_span_share(batch.block_table, batch.seq_lens_host,
+                                                       block_size)
+        self.spans[0] += consecutive
+        self.spans[1] += total
+        sparse = {int(r) for p in batch.parts if not p.dense for r in p.requests}
+        group = impl.num_heads // impl.num_kv_heads
+        for r in range(batch.num_decodes, batch.num_reqs):
+            len_q, len_kv = int(batch.lens_q[r]), int(batch.seq_lens_host[r])
+            if len_q == 0:
+                continue
+            self.extend_requests += len_kv > len_q
+            start = int(batch.starts[r])
+            blocks = batch.block_table[r, :-(-len_kv // block_size)].long()
+            k = key_cache[blocks].reshape(-1, impl.num_kv_heads, impl.head_size)[:len_kv]
+            v = value_cache[blocks].reshape(-1, impl.num_kv_heads, impl.head_size)[:len_kv]
+            q = query[start:start + len_q]
+            got = output[start:start + len_q].double()
+            scores = torch.einsum("qhd,khd->hqk", q.double(),
+                                  k.double().repeat_interleave(group, dim=1)) * impl.scale
+            visible = (torch.arange(len_kv)[None, :] <=
+                       (len_kv - len_q + torch.arange(len_q))[:, None])
+            scores = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+            exact = torch.einsum("hqk,khd->qhd", scores,
+                                 v.double().repeat_interleave(group, dim=1))
+            if r in sparse:
+                s = batch.settings
+                library = fp.prefill(q, k.contiguous(), v.contiguous(), softmax_scale=impl.scale,
+                                     block_size=s.block_size, alpha=s.alpha,
+                                     sink_tokens=s.sink_tokens, window_tokens=s.window_tokens,
+                                     dense_recent_tiles=s.dense_recent_tiles,
+                                     mean_correction=s.mean_correction)
+            else:
+                library = fp.dense_attention(q, k.contiguous(), v.contiguous(),
+                                             softmax_scale=impl.scale)
+            self.worst["exact"] = max(self.worst["exact"], float((got - exact).abs().max()))
+            self.worst["library"] = max(self.worst["library"],
+                                        float((got - library.double()).abs().max()))
+            self.rows += len_q
+
+    def report(self):
+        return {"max_abs_error_vs_exact": self.worst["exact"],
+                "max_abs_error_vs_library_contiguous": self.worst["library"],
+                "rows_checked": self.rows, "extend_requests_checked": self.extend_requests,
+                "consecutive_spans": self.spans[0], "spans": self.spans[1]}
+
+
+def run_engine(model, config, out_path):
+    """One engine, one configuration (the environment already holds its settings)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # vLLM loads the plugin itself when the installed package declares its entry point;
+    # otherwise register() does the same by hand.
+    from importlib.metadata import entry_points
+    plugins = entry_points(group="vllm.general_plugins")
+    registered_by = "entry point"
+    if not any(ep.value == PLUGIN for ep in plugins):
+        import flashprefill.vllm
+        flashprefill.vllm.register()
+        registered_by = "flashprefill.vllm.register()"
+    check = None
+    if config != "stock":
+        check = LayerCheck(f"model.layers.{CHECK_LAYER}.self_attn.attn")
+        check.install()
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    started = time.time()
+    llm = LLM(model=model, dtype="float32", block_size=BLOCK_SIZE, enable_prefix_caching=True,
+              enable_chunked_prefill=True, max_num_batched_tokens=512, max_num_seqs=8,
+              max_model_len=4096, enforce_eager=True, seed=0)
+    loaded = time.time()
+    tokenizer = llm.get_tokenizer()
+    warmup, batch = prompts(tokenizer)
+    params = SamplingParams(temperature=0.0, max_tokens=DECODE_TOKENS, logprobs=1,
+                            ignore_eos=True)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=warmup)], params, use_tqdm=False)
+    outputs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params,
+                            use_tqdm=False)
+    result = {"config": config, "registered_by": registered_by, "load_s": loaded - started, "generate_s": time.time() - loaded,
+              "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
+              "cached_tokens": [o.num_cached_tokens for o in outputs],
+              "tokens": [], "logprobs": []}
+    for o in outputs:
+        c = o.outputs[0]
+        result["tokens"].append(list(c.token_ids))
+        result["logprobs"].append([lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)])
+    if check is not None:
+        result["layer_check"] = check.report()
+    pathlib.Path(out_path).write_text(json.dumps(result))
+
+
+def compare(stock, other):
+    agree = total = 0
+    worst = 0.0
+    first_divergence = []
+    for a, b, la, lb in zip(stock["tokens"], other["tokens"], stock["logprobs"],
+                            other["logprobs"]):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+        first_divergence.append(same)
+        agree += sum(x == y for x, y in zip(a, b))
+        total += len(a)
+        # log-probabilities compare only while the sequences agree (same context)
+        worst = max([worst] + [abs(x - y) for x, y in zip(la[:same], lb[:same])])
+    return {"token_agreement": agree / total, "first_divergence": first_divergence,
+            "max_logprob_diff_while_equal": worst}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("--work", default="out/vllm")
+    parser.add_argument("--engine", choices=sorted(CONFIGS), help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.engine:
+        run_engine(args.model, args.engine, args.result)
+        return 0
+    work = pathlib.Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for name, env in CONFIGS.items():
+        path = work / f"{name}.json"
+        started = time.time()
+        child_env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHPREFILL_")
+                     or k == "FLASHPREFILL_LIB"}
+        subprocess.run([sys.executable, __file__, args.model, "--engine", name, "--result",
+                        str(path)], env=dict(child_env, **env), check=True)
+        results[name] = json.loads(path.read_text())
+        r = results[name]
+        print(f"{name}: backend registered by {r['registered_by']}; "
+              f"{time.time() - started:.0f} s (engine load {r['load_s']:.0f} s, generate "
+              f"{r['generate_s']:.0f} s); prompt tokens {r['prompt_tokens']}, served from the "
+              f"prefix cache {r['cached_tokens']}", flush=True)
+    failures = []
+    for name in ("flashprefill-alpha0", "flashprefill-default"):
+        r, c = results[name], compare(results["stock"], results[name])
+        lc = r["layer_check"]
+        print(f"{name} vs stock: token agreement {c['token_agreement']:.3f}, first divergence "
+              f"per prompt {c['first_divergence']} of {DECODE_TOKENS}, max |logprob diff| while "
+              f"equal {c['max_logprob_diff_while_equal']:.2e}")
+        print(f"  layer {CHECK_LAYER} ({lc['rows_checked']} prefill rows, "
+              f"{lc['extend_requests_checked']} extend requests): max |out - exact| "
+              f"{lc['max_abs_error_vs_exact']:.2e}, max |out - library contiguous| "
+              f"{lc['max_abs_error_vs_library_contiguous']:.2e}")
+        print(f"  block tables: {lc['consecutive_spans']} of {lc['spans']} 128-key spans in "
+              f"consecutive pool rows ({lc['consecutive_spans'] / max(lc['spans'], 1):.1%})")
+        if lc["max_abs_error_vs_library_contiguous"] > FLOAT32_TOLERANCE:
+            failures.append(f"{name}: layer output differs from the library's contiguous call")
+        if lc["extend_requests_checked"] == 0:
+            failures.append(f"{name}: no prefill chunk extended a cached prefix")
+        if name == "flashprefill-alpha0":
+            if c["token_agreement"] != 1.0:
+                failures.append("alpha = 0: tokens differ from the stock backend")
+            if c["max_logprob_diff_while_equal"] > LOGPROB_TOLERANCE:
+                failures.append(f"alpha = 0: log-probabilities differ by more than "
+                                f"{LOGPROB_TOLERANCE}")
+            if lc["max_abs_error_vs_exact"] > FLOAT32_TOLERANCE:
+                failures.append("alpha = 0: layer output is not exact attention")
+    if min(results["stock"]["cached_tokens"][1:3]) < PREFIX_TOKENS - 16:
+        failures.append("prefix caching did not serve the shared prefix")
+    for f in failures:
+        print("FAILED:", f)
+    print("vLLM engine test:", "FAILED" if failures else "passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
