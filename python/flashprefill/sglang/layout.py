@@ -86,13 +86,12 @@ class Settings:
                 continue
             kind = type(field.default)
             try:
-                values[field.name] = (_parse_bool(text) if kind is bool else kind(text.strip()))
+                value = _parse_bool(text) if kind is bool else kind(text.strip())
+                cls(**{field.name: value})
             except ValueError as err:
                 raise ValueError(f"{key}={text!r}: {err}") from None
-        try:
-            return cls(**values)
-        except ValueError as err:
-            raise ValueError(f"flashprefill settings from the environment: {err}") from None
+            values[field.name] = value
+        return cls(**values)
 
     def select_config(self):
         return SelectConfig(self.block_size, self.alpha, self.sink_tokens, self.window_tokens,
