@@ -228,6 +228,14 @@ def test_unsupported_setups_refused_at_construction(rng):
     for fields, message in refused:
         with pytest.raises(UnsupportedModelError, match=message):
             check_model_runner(_runner_with(batch, **fields))
+    # A window that covers the whole context is full attention.
+    wide = RadixAttention(HEADS_Q, HEAD_DIM, 0.125, HEADS_KV, layer_id=3,
+                          sliding_window_size=4096)
+    check_model_runner(_runner_with(batch, model=torch.nn.ModuleList([wide]),
+                                    model_config=types.SimpleNamespace(context_len=4096)))
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        check_model_runner(_runner_with(batch, model=torch.nn.ModuleList([wide]),
+                                        model_config=types.SimpleNamespace(context_len=8192)))
     with pytest.raises(UnsupportedModelError, match="sinks"):
         backend = FlashPrefillAttnBackend(batch.runner, _settings())
         backend.init_forward_metadata(batch.forward_batch)

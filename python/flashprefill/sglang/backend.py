@@ -1,7 +1,8 @@
 """FlashPrefillAttnBackend: SGLang's AttentionBackend for EXTEND and MIXED batches.
 
-init_forward_metadata builds one layout.ExtendAttention per forward (lengths, the page table
-strided out of req_to_token, the plans); forward_extend saves the layer's new K/V into the pool
+init_forward_metadata (through init_forward_metadata_out_graph) builds one
+layout.ExtendAttention per forward (lengths, the page table strided out of req_to_token, the
+plans); forward_extend saves the layer's new K/V into the pool
 as SGLang's backends do and runs the plan on the pool's buffers in place. Everything the library
 cannot compute is refused when the backend is built (`check_model_runner`), before the first
 request: MLA, cross attention (encoder-decoder models), encoder-only and bidirectional layers,
@@ -125,10 +126,14 @@ class FlashPrefillAttnBackend(AttentionBackend):
         self.page_size = self.token_to_kv_pool.page_size
         self.data_type = self.token_to_kv_pool.dtype
         self.kv_cache_dtype = self.token_to_kv_pool.dtype
+        self.context_len = getattr(getattr(model_runner, "model_config", None), "context_len",
+                                   None)
         self.forward_metadata = None
         logger.info("flashprefill prefill attention: %s", self.settings)
 
-    def init_forward_metadata(self, forward_batch):
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+        # SGLang's init_forward_metadata (the eager entry point) runs this, then the no-op
+        # init_forward_metadata_in_graph.
         mode = forward_batch.forward_mode
         if mode not in (ForwardMode.EXTEND, ForwardMode.MIXED):
             raise NotImplementedError(
@@ -147,7 +152,7 @@ class FlashPrefillAttnBackend(AttentionBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         if kwargs.get("sinks") is not None:
             _refuse(f"attention sinks (layer {layer.layer_id})")
-        check_layer(layer)
+        check_layer(layer, self.context_len)
         metadata = self.forward_metadata
         if metadata is None:
             raise RuntimeError(f"{BACKEND_NAME}: init_forward_metadata was not called for this "
