@@ -11,25 +11,18 @@ with a prebuilt problem (the C-level time): their ratio is what the Python layer
     python3 bench/bench_host.py --device cuda --seqlen 8192 --results bench/results
     python3 bench/bench_host.py --device cpu --seqlen 256
 
-Writes one JSON file (command, date, machine, rows) when --results is given; prints a table.
+Writes a results file (bench/common.py ResultsFile: command, date, machine, commit, rows) into
+--results when given; bench/report.py renders it in docs/PERF.md. Prints a table.
 """
 
 import argparse
-import ctypes
-import json
-import pathlib
-import platform
+import datetime
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
-import flashprefill as fp  # noqa: E402
-import flashprefill.torch  # noqa: E402,F401 - registers torch.ops.flashprefill
-from flashprefill import _lib  # noqa: E402
+import common
 
 
 def host_us(fn, calls, sync):
@@ -64,6 +57,9 @@ def gpu_ms(fn, repeats, burst=20):
     return statistics.median(per_call)
 
 
+_lib = None  # flashprefill._lib, once the package is loaded
+
+
 def direct_dense(plan, q, k, v, out):
     """fp_dense_attention through ctypes with the plan's problem, filled once: no Python layer
     beyond the foreign call itself."""
@@ -83,7 +79,15 @@ def main():
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--results", default=None, help="folder for the JSON results file")
+    parser.add_argument("--lib", default=str(common.REPO / "build" / "libflashprefill.so"),
+                        help="the library to load (default build/libflashprefill.so)")
     args = parser.parse_args()
+    fp = common.load_package(args.lib)
+    import flashprefill.torch  # noqa: F401 - registers torch.ops.flashprefill
+    global _lib
+    from flashprefill import _lib
+    common.DEVICE = args.device
+    started = datetime.datetime.now(datetime.timezone.utc)
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     seqlen = args.seqlen or (8192 if cuda else 256)
@@ -136,24 +140,12 @@ def main():
                          "ratio_to_c_level": ms / kernel})
             print(f"{name:40s} GPU {ms:8.3f} ms per call, {ms / kernel:.3f}x the C-level "
                   f"{kernel:.3f} ms", flush=True)
-    result = {
-        "bench": "host", "command": " ".join(["python3"] + sys.argv),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": torch.cuda.get_device_name(device) if cuda else platform.processor() or
-        platform.machine(),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                 text=True).stdout.strip() or "unknown",
-        "shape": {"seqlen": seqlen, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": dim,
-                  "dtype": str(dtype), "device": str(device)},
-        "rows": rows,
-    }
     if args.results:
-        folder = pathlib.Path(args.results)
-        folder.mkdir(parents=True, exist_ok=True)
-        tag = "cuda" if cuda else "cpu"
-        path = folder / f"{result['date'].replace(':', '')}-{tag}-host.json"
-        path.write_text(json.dumps(result, indent=1) + "\n")
-        print(f"wrote {path}")
+        results = common.ResultsFile(args.results, "host", started)
+        shape = {"L": seqlen, "heads_q": heads_q, "heads_kv": heads_kv, "head_dim": dim,
+                 "dtype": str(dtype).replace("torch.", ""), "device": device.type}
+        results.write([dict(row, row="host", **shape) for row in rows], complete=True)
+        print(f"wrote {results.path}")
 
 
 if __name__ == "__main__":

@@ -309,6 +309,36 @@ def goals_section(record):
     return "\n".join(out + ["```", format_table(goal_rows(record["rows"])), "```", ""])
 
 
+def host_section(path, record):
+    rows = rows_of(record, "host") if record else []
+    out = intro("Host cost per call",
+                "`bench/bench_host.py`: host microseconds of one call (median over single calls "
+                "in bursts of 16, the GPU queue drained between bursts), torch SDPA beside in "
+                "the same process; `functional, defaults` is `flashprefill.prefill(q, k, v)` "
+                "as a new user calls it (it validates the metadata: a host synchronization); "
+                "the GPU rows time back-to-back calls with CUDA events against a direct ctypes "
+                "call of the C ABI with a prebuilt problem.",
+                path, record)
+    if not rows:
+        return "\n".join(out + nothing(record))
+    host = [r for r in rows if "host_us" in r]
+    gpu = [r for r in rows if "gpu_ms" in r]
+    first = rows[0]
+    out.append(para(f"L = {fmt_len(first['L'])}, Hq = {first['heads_q']}, Hkv = "
+                    f"{first['heads_kv']}, D = {first['head_dim']}, {first['dtype']} on "
+                    f"{first['device']}."))
+    out.append("")
+    out.append(table(["path", "host per call"],
+                     [[r["path"], fmt(r["host_us"], 1, " us")] for r in host]))
+    if gpu:
+        out.append("")
+        out.append(table(["path", "GPU per call", "C ABI direct", "ratio"],
+                         [[r["path"], fmt(r["gpu_ms"], 3, " ms"),
+                           fmt(r["c_level_gpu_ms"], 3, " ms"), fmt_x(r["ratio_to_c_level"])]
+                          for r in gpu]))
+    return "\n".join(out + [""])
+
+
 def files_section(results):
     out = ["## Results files", "",
            para("Every file in `bench/results/`, with the command that produced it (run from the "
@@ -397,6 +427,7 @@ def render_perf(results, plots):
              index_section(*newest(results, "index")),
              paged_section(*newest(results, "attention", PAGED_KINDS), plots),
              goals_section(newest(results, "attention", ("dense", "sparse"))[1]),
+             host_section(*newest(results, "host")),
              files_section(results),
              DID_NOT_WORK]
     return "\n".join(parts)

@@ -113,7 +113,7 @@ fp_status sparse_attention_impl(const ProblemInfo& info, const fp_select_config&
 
 extern "C" {
 
-const char* fp_version(void) { return "0.1.0"; }
+const char* fp_version(void) { return "0.2.0"; }
 
 const char* fp_status_string(fp_status status) {
   switch (status) {

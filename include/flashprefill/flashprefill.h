@@ -13,18 +13,18 @@
  *   k, v     contiguous: [total_k, Hkv, D]          rows of request b at cu_seqlens_k[b] ..
  *            paged:      [num_pages, page_size, Hkv, D]  key j of request b lives in page
  *                        page_table[b * max_pages_per_seq + j / page_size], row j % page_size
- *   out      [total_q, Hq, D] in q's dtype
+ *   out      [total_q, Hq, D] in q's dtype (FP8 problems: fp_problem.out_dtype)
  *   lse      [Hq, total_q] float32, natural-log log-sum-exp of the scaled logits
  * Attention is causal and bottom-right aligned: new query i of request b sits at absolute
  * position L_kv(b) - L_q(b) + i and sees keys at positions <= its own.
  *
  * The CUDA attention (sm_90) returns FP_ERROR_UNSUPPORTED, and launches nothing, unless: the
- * dtype is bfloat16 or float16; D is 64 or 128; every q/k/v stride (page strides included) is a
- * multiple of 8 elements; q, k and v are 16-byte aligned; out is 4-byte aligned with even
- * strides; with mean correction, the index's k_mean and v_mean are 16-byte aligned; and, paged,
- * (num_pages - 1) * page_stride + (page_size - 1) * token_stride of K and of V is below 2^32
- * times gcd(page_stride, token_stride) (for [num_pages, page_size, Hkv, D] pools: at most
- * 2^32 rows in all).
+ * dtype is bfloat16 or float16 and no tensor is e4m3 (no FP8 kernel yet); D is 64 or 128;
+ * every q/k/v stride (page strides included) is a multiple of 8 elements; q, k and v are
+ * 16-byte aligned; out is 4-byte aligned with even strides; with mean correction, the index's
+ * k_mean and v_mean are 16-byte aligned; and, paged, (num_pages - 1) * page_stride +
+ * (page_size - 1) * token_stride of K and of V is below 2^32 times gcd(page_stride,
+ * token_stride) (for [num_pages, page_size, Hkv, D] pools: at most 2^32 rows in all).
  *
  * docs/ALGORITHM.md is the contract for the index format and every stage.
  */
@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 #define FP_VERSION_MAJOR 0
-#define FP_VERSION_MINOR 1
+#define FP_VERSION_MINOR 2
 #define FP_VERSION_PATCH 0
 
 /* Rows of the PackGQA query tile (Eq. 12-13) and tokens of one physical KV tile. */
@@ -61,7 +61,15 @@ typedef enum fp_status {
   FP_ERROR_INTERNAL = 5
 } fp_status;
 
-typedef enum fp_dtype { FP_FLOAT32 = 0, FP_BFLOAT16 = 1, FP_FLOAT16 = 2 } fp_dtype;
+/* FP_FLOAT8_E4M3: OCP e4m3fn (1 sign, 4 exponent and 3 mantissa bits, bias 7, no infinity,
+ * NaN = S.1111.111, largest finite 448), stored one byte per element with descale factors
+ * (fp_problem's FP8 fields; docs/ALGORITHM.md "FP8 e4m3"). */
+typedef enum fp_dtype {
+  FP_FLOAT32 = 0,
+  FP_BFLOAT16 = 1,
+  FP_FLOAT16 = 2,
+  FP_FLOAT8_E4M3 = 3
+} fp_dtype;
 
 typedef enum fp_device { FP_DEVICE_CPU = 0, FP_DEVICE_CUDA = 1 } fp_device;
 
@@ -82,7 +90,8 @@ typedef struct fp_problem {
   fp_device device;
   void* stream;              /* cudaStream_t for FP_DEVICE_CUDA (NULL = default stream) */
   uint32_t flags;
-  fp_dtype dtype;            /* of q, k, v and out */
+  fp_dtype dtype;            /* of q, and of k, v and out unless the FP8 fields below say
+                                otherwise */
   int32_t batch_size;        /* B >= 1 */
   int32_t num_heads_q;       /* Hq, a multiple of Hkv */
   int32_t num_heads_kv;      /* Hkv */
@@ -116,6 +125,29 @@ typedef struct fp_problem {
   const int32_t* page_table;   /* [B, max_pages_per_seq], entries in [0, num_pages) */
   int32_t max_pages_per_seq;
   const int32_t* seqlens_k;    /* [B] */
+
+  /* FP8 e4m3 (Eq. 15; docs/ALGORITHM.md "FP8 e4m3"). Appended, so the fields above keep their
+   * offsets; zero-initialized, they leave the problem as described above. The two supported
+   * FP8 problems: dtype = FP_FLOAT8_E4M3 (q, k and v all e4m3), and dtype = FP_BFLOAT16 or
+   * FP_FLOAT16 with kv_dtype = FP_FLOAT8_E4M3 (an FP8 KV cache; the library quantizes q to e4m3
+   * per (request, KV head) with q_descale, or, when q_descale is NULL, with
+   * c_q = max|q| / 448 over the request's queries of the KV head's group). Only the CPU computes
+   * them for now: on CUDA every call on an FP8 problem returns FP_ERROR_UNSUPPORTED. */
+  fp_dtype kv_dtype;           /* of k and v; FP_FLOAT32 (0) means dtype */
+  fp_dtype out_dtype;          /* of out; FP_FLOAT32 (0) means dtype, or FP_BFLOAT16 when dtype
+                                  is FP_FLOAT8_E4M3. An FP8 problem writes FP_BFLOAT16 or
+                                  FP_FLOAT16; other problems write dtype */
+  /* Descale factors c of the e4m3 tensors (real value = c * stored e4m3 value): each NULL (1;
+   * for a bf16/fp16 q, NULL means the dynamic c_q above), or float32 on the problem's device,
+   * c(b, h) = descale[b * stride_batch + h * stride_head] for request b and KV head h (FA3's
+   * [B, Hkv] q_descale / k_descale / v_descale). Strides are in elements and may be 0: a
+   * per-tensor factor is one float with both strides 0. Every factor must be finite and > 0. */
+  const float* q_descale;
+  const float* k_descale;
+  const float* v_descale;
+  int64_t q_descale_stride_batch, q_descale_stride_head;
+  int64_t k_descale_stride_batch, k_descale_stride_head;
+  int64_t v_descale_stride_batch, v_descale_stride_head;
 } fp_problem;
 
 /* Block selection (Eq. 19-20) and mean correction (Eq. 6). */
@@ -147,7 +179,7 @@ typedef struct fp_index_sizes {
 } fp_index_sizes;
 
 typedef struct fp_output {
-  void* out;                   /* [total_q, Hq, D] in the problem's dtype */
+  void* out;                   /* [total_q, Hq, D] in the problem's output dtype */
   int64_t out_stride_token, out_stride_head;
   float* lse;                  /* optional [Hq, total_q] */
 } fp_output;

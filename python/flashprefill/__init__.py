@@ -8,8 +8,10 @@ C ABI (include/flashprefill/flashprefill.h), through ctypes.
     out = fp.prefill(q, fp.PagedKV(k_cache, v_cache, page_table, seqlens_k))
 
 Arrays are numpy (CPU; float32, float16, and bfloat16 through ml_dtypes) or torch tensors (CPU or
-CUDA; float32, bfloat16, float16). api.py states the shared conventions (layouts, varlen
-metadata, causal alignment, places); each call's docstring states its tensors.
+CUDA; float32, bfloat16, float16). FP8 e4m3 (ml_dtypes / torch float8_e4m3fn q, k, v, or a
+bf16/fp16 q over an e4m3 KV cache, with descales) runs on the CPU for now. api.py states the
+shared conventions (layouts, varlen metadata, causal alignment, places, FP8); each call's
+docstring states its tensors.
 
 Plan/run for serving engines (plan.py): `plan = fp.Plan(...)` once per forward from the batch's
 metadata, `plan.run(q, k, v)` per layer with the least host work.

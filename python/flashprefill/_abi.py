@@ -8,7 +8,7 @@ import ctypes
 import enum
 
 # Mirrors of the header's macros.
-VERSION = (0, 1, 0)
+VERSION = (0, 2, 0)
 TILE_ROWS = 128   # FP_TILE_ROWS: packed rows of a PackGQA query tile
 KV_TILE = 64      # FP_KV_TILE: tokens of a physical KV tile
 FLAG_VALIDATE_DEVICE_METADATA = 1
@@ -29,6 +29,7 @@ class DType(enum.IntEnum):
     FLOAT32 = 0
     BFLOAT16 = 1
     FLOAT16 = 2
+    FLOAT8_E4M3 = 3
 
 
 class Device(enum.IntEnum):
@@ -81,6 +82,18 @@ class Problem(ctypes.Structure):
         ("page_table", ctypes.c_void_p),
         ("max_pages_per_seq", ctypes.c_int32),
         ("seqlens_k", ctypes.c_void_p),
+        # FP8 e4m3, appended (the fields above keep their offsets).
+        ("kv_dtype", _c_enum),
+        ("out_dtype", _c_enum),
+        ("q_descale", ctypes.c_void_p),
+        ("k_descale", ctypes.c_void_p),
+        ("v_descale", ctypes.c_void_p),
+        ("q_descale_stride_batch", ctypes.c_int64),
+        ("q_descale_stride_head", ctypes.c_int64),
+        ("k_descale_stride_batch", ctypes.c_int64),
+        ("k_descale_stride_head", ctypes.c_int64),
+        ("v_descale_stride_batch", ctypes.c_int64),
+        ("v_descale_stride_head", ctypes.c_int64),
     ]
 
 

@@ -16,12 +16,14 @@ from ._lib import DType, Device
 try:
     import ml_dtypes
     _NUMPY_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+    _NUMPY_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 except ImportError:
-    _NUMPY_BFLOAT16 = None
+    _NUMPY_BFLOAT16 = _NUMPY_E4M3 = None
 
 _NUMPY_DTYPES = {np.dtype(np.float32): DType.FLOAT32, np.dtype(np.float16): DType.FLOAT16}
 if _NUMPY_BFLOAT16 is not None:
     _NUMPY_DTYPES[_NUMPY_BFLOAT16] = DType.BFLOAT16
+    _NUMPY_DTYPES[_NUMPY_E4M3] = DType.FLOAT8_E4M3
 
 # Host workspace alignment: enough for any vector type the library may carve out of it.
 _WORKSPACE_ALIGNMENT = 256
@@ -103,13 +105,16 @@ def fp_dtype(a):
     """The fp_dtype of a data array, or TypeError naming the supported dtypes."""
     if a.device is None:
         code = _NUMPY_DTYPES.get(np.dtype(a.dtype))
-        supported = "float32, float16" + (", ml_dtypes.bfloat16" if _NUMPY_BFLOAT16 else
-                                          " (bfloat16 needs the ml_dtypes package)")
+        supported = "float32, float16" + (", ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn"
+                                          if _NUMPY_BFLOAT16 else
+                                          " (bfloat16 and float8_e4m3fn need the ml_dtypes "
+                                          "package)")
     else:
         torch = _torch()
         code = {torch.float32: DType.FLOAT32, torch.bfloat16: DType.BFLOAT16,
-                torch.float16: DType.FLOAT16}.get(a.dtype)
-        supported = "torch.float32, torch.bfloat16, torch.float16"
+                torch.float16: DType.FLOAT16,
+                getattr(torch, "float8_e4m3fn", None): DType.FLOAT8_E4M3}.get(a.dtype)
+        supported = "torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn"
     if code is None:
         raise TypeError(f"{a.name}: dtype {a.dtype} is not supported; use {supported}")
     return code

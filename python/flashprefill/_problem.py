@@ -7,7 +7,7 @@ import dataclasses
 
 import numpy as np
 
-from . import _arrays, _lib
+from . import _arrays, _fp8, _lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +46,12 @@ class PagedKV:
 class BuiltProblem:
     """An fp_problem (`c`) and every array its pointers refer to (kept alive with it)."""
 
-    def __init__(self, c, q, keep):
+    def __init__(self, c, q, keep, out_dtype):
         self.c = c
         self.q = q
         self.keep = keep
+        self.out_dtype = out_dtype  # of a new out (numpy or torch dtype)
+        self.fp8 = c.kv_dtype == _lib.DType.FLOAT8_E4M3 or c.dtype == _lib.DType.FLOAT8_E4M3
 
     def guard(self):
         return _arrays.device_guard(self.q)
@@ -63,8 +65,10 @@ def _max_length(metadata, host, cumulative):
 
 
 def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
-                  max_seqlen_q=None, max_seqlen_k=None, validate_metadata=True):
-    """The fp_problem of q against contiguous k, v or a PagedKV passed as k (see api.py)."""
+                  max_seqlen_q=None, max_seqlen_k=None, validate_metadata=True,
+                  descales=(None, None, None)):
+    """The fp_problem of q against contiguous k, v or a PagedKV passed as k (see api.py);
+    descales: (q_descale, k_descale, v_descale) of an FP8 problem (_fp8.py)."""
     qa = _arrays.wrap(q, "q", 3)
     c = _lib.Problem()
     c.dtype = _arrays.fp_dtype(qa)
@@ -85,9 +89,7 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
         va = _arrays.wrap(v, "v", 3)
     for a in (ka, va):
         _arrays.require_same_place(qa, a)
-        if a.dtype != qa.dtype:
-            raise TypeError(f"{a.name}: dtype {a.dtype} differs from q's {qa.dtype}; q, k and v "
-                            f"share one dtype")
+    c.kv_dtype = _fp8.kv_dtype_code(qa, ka, va)  # the library checks the combination
     if ka.shape != va.shape:
         raise ValueError(f"{ka.name} has shape {ka.shape} but {va.name} has {va.shape}; they "
                          f"must match")
@@ -157,4 +159,5 @@ def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=N
         if max_seqlen_k is None:
             max_seqlen_k = _max_length(cu_k, cu_k_host, cumulative=True)
     c.max_seqlen_k = max_seqlen_k
-    return BuiltProblem(c, qa, keep)
+    _fp8.set_fields(c, qa, descales, keep)
+    return BuiltProblem(c, qa, keep, _fp8.default_out_dtype(qa))

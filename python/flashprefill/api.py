@@ -28,6 +28,15 @@ Shared conventions (every call):
         contiguous; a new contiguous array when None.
     Returned out: [total_q, Hq, D] in q's dtype; lse: [Hq, total_q] float32, the natural-log
     log-sum-exp of the scaled logits of every row. Nothing is differentiable.
+    FP8 e4m3 (docs/ALGORITHM.md "FP8 e4m3"; CPU only until the CUDA kernel exists: on CUDA the
+        library raises FlashPrefillError UNSUPPORTED): q, k and v in float8_e4m3fn
+        (ml_dtypes.float8_e4m3fn or torch.float8_e4m3fn), or a bfloat16/float16 q over
+        float8_e4m3fn k and v (an FP8 KV cache; the library quantizes q per (request, KV head)
+        with q_descale, or with c_q = max|q| / 448 when q_descale is None). q_descale,
+        k_descale, v_descale (keyword-only): the descale factors c (value = c * e4m3 value):
+        None (1), a number, or float32 of shape () / (1,) / [B, Hkv] in q's place (FA3's
+        descales; strides free, 0 broadcasts). out is bfloat16 for an e4m3 q, else q's dtype;
+        an out given in bfloat16 or float16 chooses the output dtype.
 
 Errors: every failure the library reports raises FlashPrefillError(status, message); what the
 library cannot see (dimensions, k and v shapes, dtypes, places, buffer sizes) raises ValueError
@@ -36,7 +45,7 @@ or TypeError here.
 
 import ctypes
 
-from . import _arrays, _lib
+from . import _arrays, _fp8, _lib
 from ._index import Index, SelectConfig, index_struct, query_sizes
 from ._problem import build_problem
 
@@ -48,11 +57,13 @@ class _Outputs:
         q = problem.q
         total_q, num_heads_q, _ = q.shape
         if out is None:
-            out = _arrays.empty(q, q.shape)
+            out = _fp8.empty(q, q.shape, problem.out_dtype)
         oa = _arrays.wrap(out, "out", 3)
         _arrays.require_same_place(q, oa)
-        if oa.dtype != q.dtype or oa.shape != q.shape:
-            raise ValueError(f"out: expected shape {q.shape} and dtype {q.dtype}, got "
+        if problem.fp8 and oa.shape == q.shape and oa.dtype != problem.out_dtype:
+            problem.c.out_dtype = _fp8.out_dtype_code(oa)
+        elif oa.dtype != problem.out_dtype or oa.shape != q.shape:
+            raise ValueError(f"out: expected shape {q.shape} and dtype {problem.out_dtype}, got "
                              f"{oa.shape} {oa.dtype}")
         if oa.device is None and not out.flags.writeable:
             raise ValueError("out: the array is read-only")
@@ -118,7 +129,8 @@ def _sparse_attention(problem, index, out, return_lse):
 def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_tokens=256,
             window_tokens=512, dense_recent_tiles=1, mean_correction=True, cu_seqlens_q=None,
             cu_seqlens_k=None, return_stats=False, *, return_lse=False, max_seqlen_q=None,
-            max_seqlen_k=None, validate_metadata=True, out=None):
+            max_seqlen_k=None, validate_metadata=True, out=None, q_descale=None, k_descale=None,
+            v_descale=None):
     """Block-sparse causal prefill attention (FlashPrefill V2): index stage, then attention.
 
     Args:
@@ -146,7 +158,7 @@ def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_to
     config = SelectConfig(block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles,
                           bool(mean_correction))
     problem = build_problem(q, k, v, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata)
+                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale))
     if not return_stats:
         c_config = config.to_c()
         outputs = _Outputs(problem, out, return_lse)
@@ -168,7 +180,8 @@ def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_to
 
 def dense_attention(q, k, v=None, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                     return_lse=False, *, max_seqlen_q=None, max_seqlen_k=None,
-                    validate_metadata=True, out=None):
+                    validate_metadata=True, out=None, q_descale=None, k_descale=None,
+                    v_descale=None):
     """Exact causal attention over every causal key (on the CPU accumulated in float64).
 
     Args:
@@ -185,7 +198,7 @@ def dense_attention(q, k, v=None, softmax_scale=None, cu_seqlens_q=None, cu_seql
         out [total_q, Hq, D] in q's dtype and place, or (out, lse [Hq, total_q] float32).
     """
     problem = build_problem(q, k, v, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata)
+                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale))
     outputs = _Outputs(problem, out, return_lse)
     workspace = _workspace(problem, "fp_dense_attention_workspace_size")
     with problem.guard():
@@ -196,7 +209,8 @@ def dense_attention(q, k, v=None, softmax_scale=None, cu_seqlens_q=None, cu_seql
 
 def build_index(q, k, v=None, config=None, softmax_scale=None, cu_seqlens_q=None,
                 cu_seqlens_k=None, *, max_seqlen_q=None, max_seqlen_k=None,
-                validate_metadata=True, means=None):
+                validate_metadata=True, means=None, q_descale=None, k_descale=None,
+                v_descale=None):
     """Index stage: pool K/V block means, score and select blocks, write the CSR (Eq. 5, 19-20).
 
     Args:
@@ -216,12 +230,13 @@ def build_index(q, k, v=None, config=None, softmax_scale=None, cu_seqlens_q=None
         correction), and its config. Index.density() gives the selected fraction.
     """
     problem = build_problem(q, k, v, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata)
+                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale))
     return _build_index(problem, SelectConfig() if config is None else config, means)
 
 
 def pool_kv(q, k, v=None, config=None, means=None, pooled_keys=None, cu_seqlens_q=None,
-            cu_seqlens_k=None, *, max_seqlen_q=None, max_seqlen_k=None, validate_metadata=True):
+            cu_seqlens_k=None, *, max_seqlen_q=None, max_seqlen_k=None, validate_metadata=True,
+            k_descale=None, v_descale=None):
     """Incremental pooling of K/V block means for chunked prefill (fp_pool_kv, Eq. 5).
 
     A serving engine keeps the means beside its KV cache: each chunk pools only the blocks from
@@ -242,7 +257,7 @@ def pool_kv(q, k, v=None, config=None, means=None, pooled_keys=None, cu_seqlens_
         (k_mean, v_mean).
     """
     problem = build_problem(q, k, v, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata)
+                            max_seqlen_k, validate_metadata, (None, k_descale, v_descale))
     config = SelectConfig() if config is None else config
     shape = _means_shape(problem, config)
     if means is None:
@@ -272,7 +287,8 @@ def pool_kv(q, k, v=None, config=None, means=None, pooled_keys=None, cu_seqlens_
 
 def sparse_attention(q, k, v=None, index=None, softmax_scale=None, cu_seqlens_q=None,
                      cu_seqlens_k=None, return_lse=False, *, max_seqlen_q=None,
-                     max_seqlen_k=None, validate_metadata=True, out=None):
+                     max_seqlen_k=None, validate_metadata=True, out=None, q_descale=None,
+                     k_descale=None, v_descale=None):
     """Attention stage: exact attention over the index's tiles plus, when index.config has
     mean_correction, one Eq. 6 surrogate key per unlisted fully visible block.
 
@@ -293,19 +309,21 @@ def sparse_attention(q, k, v=None, index=None, softmax_scale=None, cu_seqlens_q=
     if not isinstance(index, Index):
         raise TypeError(f"index: expected a flashprefill.Index, got {type(index).__name__}")
     problem = build_problem(q, k, v, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata)
+                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale))
     return _sparse_attention(problem, index, out, return_lse).result()
 
 
 def index_sizes(q, k, v=None, config=None, cu_seqlens_q=None, cu_seqlens_k=None, *,
-                max_seqlen_q=None, max_seqlen_k=None):
+                max_seqlen_q=None, max_seqlen_k=None, q_descale=None, k_descale=None,
+                v_descale=None):
     """The IndexSizes of an index for this problem and config (fp_index_sizes_query).
 
     Args as for build_index; no array is read except the length metadata (and that only when
     max_seqlen_q / max_seqlen_k are not given).
     """
     problem = build_problem(q, k, v, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata=False)
+                            max_seqlen_k, validate_metadata=False,
+                            descales=(q_descale, k_descale, v_descale))
     return query_sizes(problem, SelectConfig() if config is None else config)
 
 

@@ -112,6 +112,9 @@ class Plan:
         c.device = _lib.Device.CUDA if like.on_cuda else _lib.Device.CPU
         c.flags = _lib.FLAG_VALIDATE_DEVICE_METADATA if like.on_cuda and validate_metadata else 0
         c.dtype = _arrays.fp_dtype(like)
+        if c.dtype == _lib.DType.FLOAT8_E4M3:  # its out would be bf16, not the plan's dtype
+            raise TypeError("dtype: a Plan takes float32, bfloat16 or float16; FP8 e4m3 goes "
+                            "through prefill() / dense_attention() with descales")
         c.num_heads_q, c.num_heads_kv, c.head_dim = num_heads_q, num_heads_kv, head_dim
         c.softmax_scale = 0.0 if softmax_scale is None else float(softmax_scale)
         cu_q, _ = _arrays.int32_metadata(cu_seqlens_q, like, "cu_seqlens_q")

@@ -135,17 +135,48 @@ struct Buffer {
   T* as() const { return static_cast<T*>(ptr); }
 };
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
-  std::vector<uint16_t> out(x.size());
-  for (size_t i = 0; i < x.size(); ++i) out[i] = flashprefill::ref::float_to_bf16(x[i]);
+// One input tensor in the demo's dtype: bf16 bytes, or e4m3 bytes quantized with one descale
+// factor c = max|x| / 448 per tensor; `exact` holds the values the library sees, in float32.
+struct Input {
+  std::vector<unsigned char> bytes;
+  std::vector<float> exact;
+  float descale = 1.f;
+};
+
+Input quantize(const std::vector<float>& x, bool fp8) {
+  namespace ref = flashprefill::ref;
+  Input in;
+  in.exact.resize(x.size());
+  if (!fp8) {
+    in.bytes.resize(x.size() * 2);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint16_t h = ref::float_to_bf16(x[i]);
+      std::memcpy(&in.bytes[i * 2], &h, 2);
+      in.exact[i] = ref::bf16_to_float(h);
+    }
+    return in;
+  }
+  float amax = 0.f;
+  for (float a : x) amax = std::max(amax, std::fabs(a));
+  in.descale = amax > 0.f ? amax / ref::kE4m3Max : 1.f;
+  in.bytes.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    in.bytes[i] = ref::float_to_e4m3(x[i] * (1.f / in.descale));
+    in.exact[i] = in.descale * ref::e4m3_to_float(in.bytes[i]);
+  }
+  return in;
+}
+
+std::vector<float> widen_bf16(const std::vector<uint16_t>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = flashprefill::ref::bf16_to_float(x[i]);
   return out;
 }
 
-double rel_l2(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+double rel_l2(const std::vector<float>& got, const std::vector<float>& want) {
   double num = 0, den = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    const double a = flashprefill::ref::bf16_to_float(got[i]);
-    const double b = flashprefill::ref::bf16_to_float(want[i]);
+    const double a = got[i], b = want[i];
     num += (a - b) * (a - b);
     den += b * b;
   }
@@ -154,17 +185,20 @@ double rel_l2(const std::vector<uint16_t>& got, const std::vector<uint16_t>& wan
 
 struct Options {
   std::string device = "auto";
+  std::string dtype = "bf16";
   int32_t seqlen = 0;
   fp_select_config config{};
 };
 
 void usage() {
   std::printf(
-      "usage: flashprefill demo [--device auto|cpu|cuda] [--seqlen N] [--alpha A]\n"
-      "                         [--block-size B]\n"
+      "usage: flashprefill demo [--device auto|cpu|cuda] [--dtype bf16|fp8] [--seqlen N]\n"
+      "                         [--alpha A] [--block-size B]\n"
       "Runs the FlashPrefill V2 pipeline (index stage + sparse attention with mean correction)\n"
-      "on an embedded long-context workload (GQA 32/8, D = 128, bf16) and compares it with\n"
-      "exact attention.\n");
+      "on an embedded long-context workload (GQA 32/8, D = 128) and compares it with exact\n"
+      "attention. --dtype fp8: q, k and v in e4m3 with per-tensor descales, output bf16\n"
+      "(CPU only for now: auto picks the CPU, and --device cuda reports that the CUDA path has\n"
+      "no FP8 kernel yet).\n");
 }
 
 Options parse(int argc, char** argv) {
@@ -177,6 +211,7 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--device") o.device = value();
+    else if (a == "--dtype") o.dtype = value();
     else if (a == "--seqlen") o.seqlen = std::atoi(value().c_str());
     else if (a == "--alpha") o.config.alpha = float(std::atof(value().c_str()));
     else if (a == "--block-size") o.config.block_size = std::atoi(value().c_str());
@@ -186,37 +221,51 @@ Options parse(int argc, char** argv) {
     } else die("unknown option " + a);
   }
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda") die("--device must be auto, cpu or cuda");
+  if (o.dtype != "bf16" && o.dtype != "fp8") die("--dtype must be bf16 or fp8");
   return o;
 }
 
 int demo(const Options& opt) {
   Device dev;
-  dev.cuda = opt.device == "cuda" || (opt.device == "auto" && fp_cuda_available());
+  const bool fp8 = opt.dtype == "fp8";
+  dev.cuda = opt.device == "cuda" || (opt.device == "auto" && fp_cuda_available() && !fp8);
   if (dev.cuda && !fp_cuda_available()) die("--device cuda, but no CUDA backend or sm_90 GPU is available");
   WorkloadShape shape;
   shape.seqlen = opt.seqlen > 0 ? opt.seqlen : (dev.cuda ? 32768 : 4096);
   const int32_t L = shape.seqlen, Hq = shape.num_heads_q, Hkv = shape.num_heads_kv, D = shape.head_dim;
-  std::printf("flashprefill %s demo on %s: L = %d, Hq = %d, Hkv = %d, D = %d, bf16, causal\n",
-              fp_version(), dev.cuda ? "CUDA" : "CPU", L, Hq, Hkv, D);
+  std::printf("flashprefill %s demo on %s: L = %d, Hq = %d, Hkv = %d, D = %d, %s, causal\n",
+              fp_version(), dev.cuda ? "CUDA" : "CPU", L, Hq, Hkv, D,
+              fp8 ? "e4m3 q/k/v (per-tensor descales), bf16 output" : "bf16");
+  if (fp8 && opt.device == "auto" && fp_cuda_available())
+    std::printf("(the CUDA path has no FP8 kernel yet: FP8 runs on the CPU)\n");
   std::printf("config: block_size = %d, alpha = %g, sink = %d, window = %d, dense recent tiles = %d\n",
               opt.config.block_size, double(opt.config.alpha), opt.config.sink_tokens,
               opt.config.window_tokens, opt.config.dense_recent_tiles);
 
   std::vector<float> wq(size_t(L) * Hq * D), wk(size_t(L) * Hkv * D), wv(wk.size());
   check(fp_demo_workload(L, Hq, Hkv, D, shape.seed, wq.data(), wk.data(), wv.data()), "workload");
-  const std::vector<uint16_t> q = to_bf16(wq), k = to_bf16(wk), v = to_bf16(wv);
-  wq = wk = wv = {};
-  const size_t q_bytes = q.size() * 2, kv_bytes = k.size() * 2;
-  Buffer dq(dev, q_bytes), dk(dev, kv_bytes), dv(dev, kv_bytes), dcu(dev, 2 * sizeof(int32_t));
-  dev.upload(dq.ptr, q.data(), q_bytes);
-  dev.upload(dk.ptr, k.data(), kv_bytes);
-  dev.upload(dv.ptr, v.data(), kv_bytes);
+  const Input q = quantize(wq, fp8), k = quantize(wk, fp8), v = quantize(wv, fp8);
+  if (!fp8) wq = wk = wv = {};  // FP8 also compares with exact attention on these inputs
+  const size_t q_bytes = q.bytes.size(), kv_bytes = k.bytes.size();
+  const size_t out_bytes = q.exact.size() * 2;  // bf16
+  Buffer dq(dev, q_bytes), dk(dev, kv_bytes), dv(dev, kv_bytes), dcu(dev, 2 * sizeof(int32_t)),
+      ddescale(dev, 3 * sizeof(float));
+  dev.upload(dq.ptr, q.bytes.data(), q_bytes);
+  dev.upload(dk.ptr, k.bytes.data(), kv_bytes);
+  dev.upload(dv.ptr, v.bytes.data(), kv_bytes);
   const int32_t cu[2] = {0, L};
   dev.upload(dcu.ptr, cu, sizeof(cu));
+  const float descales[3] = {q.descale, k.descale, v.descale};
+  dev.upload(ddescale.ptr, descales, sizeof(descales));
 
-  const fp_problem p = flashprefill::contiguous_problem(
-      dev.cuda ? FP_DEVICE_CUDA : FP_DEVICE_CPU, FP_BFLOAT16, 1, Hq, Hkv, D, dq.ptr, L,
-      dcu.as<int32_t>(), L, dk.ptr, dv.ptr, L, dcu.as<int32_t>(), L);
+  fp_problem p = flashprefill::contiguous_problem(
+      dev.cuda ? FP_DEVICE_CUDA : FP_DEVICE_CPU, fp8 ? FP_FLOAT8_E4M3 : FP_BFLOAT16, 1, Hq, Hkv,
+      D, dq.ptr, L, dcu.as<int32_t>(), L, dk.ptr, dv.ptr, L, dcu.as<int32_t>(), L);
+  if (fp8) {  // per-tensor descales: one float each, strides 0
+    p.q_descale = ddescale.as<float>();
+    p.k_descale = ddescale.as<float>() + 1;
+    p.v_descale = ddescale.as<float>() + 2;
+  }
 
   fp_select_config corrected = opt.config, plain = opt.config, dense_cfg = opt.config;
   corrected.mean_correction = 1;
@@ -235,7 +284,7 @@ int demo(const Options& opt) {
   check(fp_sparse_attention_workspace_size(&p, &corrected, &ws_attn), "workspace size");
   check(fp_dense_attention_workspace_size(&p, &ws_dense), "workspace size");
   Buffer ws(dev, std::max({ws_index, ws_attn, ws_dense}));
-  Buffer out_corr(dev, q_bytes), out_plain(dev, q_bytes), out_dense(dev, q_bytes);
+  Buffer out_corr(dev, out_bytes), out_plain(dev, out_bytes), out_dense(dev, out_bytes);
   auto output = [&](Buffer& b) {
     return fp_output{b.ptr, int64_t(Hq) * D, D, nullptr};
   };
@@ -260,9 +309,10 @@ int demo(const Options& opt) {
   }
 
   // Exact reference: float64 on the CPU (every row on the CPU path; sampled chunks of rows on the GPU).
-  std::vector<uint16_t> got_corr(q.size()), got_plain(q.size());
-  dev.download(got_corr.data(), out_corr.ptr, q_bytes);
-  dev.download(got_plain.data(), out_plain.ptr, q_bytes);
+  std::vector<uint16_t> corr_bf16(q.exact.size()), plain_bf16(q.exact.size());
+  dev.download(corr_bf16.data(), out_corr.ptr, out_bytes);
+  dev.download(plain_bf16.data(), out_plain.ptr, out_bytes);
+  const std::vector<float> got_corr = widen_bf16(corr_bf16), got_plain = widen_bf16(plain_bf16);
   const int32_t chunk = dev.cuda ? 128 : L;
   std::vector<int32_t> starts;
   if (dev.cuda) {
@@ -270,32 +320,34 @@ int demo(const Options& opt) {
   } else {
     starts.push_back(0);
   }
-  std::vector<uint16_t> exact, sub_corr, sub_plain;
-  const auto t_ref0 = std::chrono::steady_clock::now();
+  // Float32 inputs (bf16: the bf16 values; FP8: the dequantized e4m3 values, and the float32
+  // workload before quantization) on the CPU, float64 accumulation.
+  std::vector<float> sub_corr, sub_plain;
+  auto exact_rows = [&](const std::vector<float>& eq, const std::vector<float>& ek,
+                        const std::vector<float>& ev) {
+    std::vector<float> exact;
+    for (int32_t s : starts) {
+      const int32_t n = std::min(chunk, L - s);
+      const int32_t cuq[2] = {0, n}, cuk[2] = {0, s + n};
+      const fp_problem hp = flashprefill::contiguous_problem(
+          FP_DEVICE_CPU, FP_FLOAT32, 1, Hq, Hkv, D, eq.data() + size_t(s) * Hq * D, n, cuq, n,
+          ek.data(), ev.data(), s + n, cuk, s + n);
+      std::vector<float> ref(size_t(n) * Hq * D);
+      const fp_output o{ref.data(), int64_t(Hq) * D, D, nullptr};
+      check(fp_dense_attention(&hp, &o, nullptr, 0), "exact reference");
+      exact.insert(exact.end(), ref.begin(), ref.end());
+    }
+    return exact;
+  };
   for (int32_t s : starts) {
-    const int32_t n = std::min(chunk, L - s);
-    fp_problem hp = p;
-    hp.device = FP_DEVICE_CPU;
-    hp.stream = nullptr;
-    hp.q = q.data() + size_t(s) * Hq * D;
-    hp.total_q = n;
-    hp.max_seqlen_q = n;
-    hp.k = k.data();
-    hp.v = v.data();
-    hp.total_k = s + n;
-    hp.max_seqlen_k = s + n;
-    const int32_t cuq[2] = {0, n}, cuk[2] = {0, s + n};
-    hp.cu_seqlens_q = cuq;
-    hp.cu_seqlens_k = cuk;
-    std::vector<uint16_t> ref(size_t(n) * Hq * D);
-    const fp_output o{ref.data(), int64_t(Hq) * D, D, nullptr};
-    check(fp_dense_attention(&hp, &o, nullptr, 0), "exact reference");
-    exact.insert(exact.end(), ref.begin(), ref.end());
-    const size_t a = size_t(s) * Hq * D, e = a + ref.size();
+    const size_t a = size_t(s) * Hq * D, e = a + size_t(std::min(chunk, L - s)) * Hq * D;
     sub_corr.insert(sub_corr.end(), got_corr.begin() + a, got_corr.begin() + e);
     sub_plain.insert(sub_plain.end(), got_plain.begin() + a, got_plain.begin() + e);
   }
+  const auto t_ref0 = std::chrono::steady_clock::now();
+  const std::vector<float> exact = exact_rows(q.exact, k.exact, v.exact);
   const double t_ref = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_ref0).count();
+  const std::vector<float> exact_unquantized = fp8 ? exact_rows(wq, wk, wv) : std::vector<float>{};
 
   std::printf("\n%-44s %12s\n", "stage", "time (ms)");
   std::printf("%-44s %12.3f\n", "index: pool + score/select + CSR", t_index);
@@ -304,8 +356,16 @@ int demo(const Options& opt) {
   std::printf("%-44s %12.3f\n", dev.cuda ? "dense attention (dense mode)" : "dense attention (same engine, every tile)", t_dense);
   std::printf("%-44s %12.3f\n", "exact float64 reference (CPU)", t_ref);
   std::printf("\ndensity (selected / causal 64-token tiles)   %10.2f %%\n", 100 * density);
-  std::printf("rel. L2 error vs exact, mean correction       %10.3e\n", rel_l2(sub_corr, exact));
-  std::printf("rel. L2 error vs exact, no correction         %10.3e\n", rel_l2(sub_plain, exact));
+  auto error_row = [](const std::string& label, double value) {
+    std::printf("%-46s%10.3e\n", label.c_str(), value);
+  };
+  if (fp8) std::printf("(exact: float64 attention on the dequantized e4m3 inputs)\n");
+  error_row("rel. L2 error vs exact, mean correction", rel_l2(sub_corr, exact));
+  error_row("rel. L2 error vs exact, no correction", rel_l2(sub_plain, exact));
+  if (fp8) {
+    error_row("  vs exact on float32 inputs, mean correction", rel_l2(sub_corr, exact_unquantized));
+    error_row("  vs exact on float32 inputs, no correction", rel_l2(sub_plain, exact_unquantized));
+  }
   std::printf("rows compared                                 %10zu of %d%s\n", exact.size() / (size_t(Hq) * D),
               L, dev.cuda ? " (sampled chunks)" : "");
   std::printf("speedup of index + corrected sparse vs dense  %10.2fx\n", t_dense / (t_index + t_corr));

@@ -141,13 +141,16 @@ void clear_error() { g_last_error.clear(); }
 
 const char* last_error() { return g_last_error.c_str(); }
 
-size_t dtype_size(fp_dtype dtype) { return dtype == FP_FLOAT32 ? 4 : 2; }
+size_t dtype_size(fp_dtype dtype) {
+  return dtype == FP_FLOAT32 ? 4 : dtype == FP_FLOAT8_E4M3 ? 1 : 2;
+}
 
 const char* dtype_name(fp_dtype dtype) {
   switch (dtype) {
     case FP_FLOAT32: return "float32";
     case FP_BFLOAT16: return "bfloat16";
     case FP_FLOAT16: return "float16";
+    case FP_FLOAT8_E4M3: return "float8_e4m3";
   }
   return "unknown";
 }
@@ -172,7 +175,8 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
   info->p = problem;
   if (const int32_t d = enum_bits(p.device); d != FP_DEVICE_CPU && d != FP_DEVICE_CUDA)
     return invalid(format("unknown device %d", d));
-  if (const int32_t d = enum_bits(p.dtype); d != FP_FLOAT32 && d != FP_BFLOAT16 && d != FP_FLOAT16)
+  if (const int32_t d = enum_bits(p.dtype);
+      d != FP_FLOAT32 && d != FP_BFLOAT16 && d != FP_FLOAT16 && d != FP_FLOAT8_E4M3)
     return invalid(format("unknown dtype %d", d));
   // Read once as an integer; reported where the KV checks begin, after q's.
   const int32_t layout = enum_bits(p.kv_layout);
@@ -186,6 +190,7 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
                           p.num_heads_q, p.num_heads_kv));
   if (p.head_dim < 1 || p.head_dim > 512)
     return invalid(format("head_dim %d is outside [1, 512]", p.head_dim));
+  if (fp_status s = validate_fp8_fields(p, &info->fp8); s != FP_OK) return s;
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.f)
     return invalid(format("softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got %g",
                           double(p.softmax_scale)));
@@ -233,6 +238,10 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
     }
   }
   if (p.device == FP_DEVICE_CUDA) {
+    if (info->fp8.on)
+      return fail(FP_ERROR_UNSUPPORTED,
+                  "FP8 e4m3 K/V on CUDA: the CUDA path has no FP8 kernel yet (the CPU computes "
+                  "FP8 problems; on CUDA pass bfloat16 or float16)");
     if (!cuda::available())
       return fail(FP_ERROR_UNSUPPORTED,
                   "device is FP_DEVICE_CUDA but this build has no CUDA backend or no sm_90 GPU "
@@ -248,8 +257,9 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
   info->max_q_tiles = int32_t(ceil_div(int64_t(info->group) * p.max_seqlen_q, kTileRows));
   const bool host_metadata =
       p.device == FP_DEVICE_CPU || (p.flags & FP_FLAG_VALIDATE_DEVICE_METADATA) != 0;
-  if (host_metadata) return load_metadata(p, info);
-  return FP_OK;
+  if (!host_metadata) return FP_OK;
+  if (fp_status s = load_metadata(p, info); s != FP_OK) return s;
+  return load_fp8_scales(p, info->cu_q, &info->fp8);
 }
 
 fp_status validate_config(const fp_select_config* config, bool need_block_size) {

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/fp8.hpp"
 #include "core/geometry.hpp"
 #include "flashprefill/flashprefill.h"
 
@@ -31,6 +32,7 @@ struct ProblemInfo {
   std::vector<int32_t> len_kv;      // [B]
   std::vector<int64_t> kv_row0;     // contiguous: cu_seqlens_k[b]
   std::vector<int32_t> page_table;  // paged: [B * max_pages_per_seq]
+  Fp8Info fp8;                      // dtypes of q, k/v and out; FP8 descale factors
 
   int32_t len_q(int32_t b) const { return cu_q[b + 1] - cu_q[b]; }
   SeqGeometry seq(int32_t b) const { return SeqGeometry{len_q(b), len_kv[b], group}; }

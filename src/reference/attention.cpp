@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "reference/fp8.hpp"
 #include "reference/numerics.hpp"
 #include "reference/reference.hpp"
 
@@ -18,6 +19,7 @@ struct KeySet {
   std::vector<float> k, v;         // [exact + surrogates, D]
   std::vector<int32_t> position;   // [exact]
   std::vector<float> logit_shift;  // [surrogates]
+  std::vector<int32_t> block;      // [surrogates]
 };
 
 void append_key(const ProblemInfo& info, int32_t b, int32_t h, int32_t key, KeySet& keys) {
@@ -27,7 +29,8 @@ void append_key(const ProblemInfo& info, int32_t b, int32_t h, int32_t key, KeyS
     const int64_t base =
         addr.offset(key) + int64_t(h) * (value ? p.v_stride_head : p.k_stride_head);
     std::vector<float>& dst = value ? keys.v : keys.k;
-    for (int32_t d = 0; d < p.head_dim; ++d) dst.push_back(load(value ? p.v : p.k, base + d, p.dtype));
+    for (int32_t d = 0; d < p.head_dim; ++d)
+      dst.push_back(load(value ? p.v : p.k, base + d, info.fp8.kv_dtype));
   }
   keys.position.push_back(key);
   ++keys.exact;
@@ -58,9 +61,10 @@ void append_surrogates(const ProblemInfo& info, const fp_select_config& config,
     for (int value = 0; value < 2; ++value) {
       const float* mean = (value ? index.v_mean : index.k_mean) + (head_base + j) * p.head_dim;
       std::vector<float>& dst = value ? keys.v : keys.k;
-      for (int32_t d = 0; d < p.head_dim; ++d) dst.push_back(round_to_dtype(mean[d], p.dtype));
+      for (int32_t d = 0; d < p.head_dim; ++d) dst.push_back(mean_operand(info, b, h, value, mean[d]));
     }
     keys.logit_shift.push_back(std::log(float(blocks.count(j))));
+    keys.block.push_back(j);
   }
 }
 
@@ -117,6 +121,14 @@ void attend_tile(const ProblemInfo& info, const fp_output& output, int32_t b, in
   }
 }
 
+// FP8 problems: Eq. 15 over the gathered keys (fp8.cpp).
+void attend_e4m3(const ProblemInfo& info, const fp_output& output, int32_t b, int32_t h,
+                 int32_t tile, const KeySet& keys) {
+  const E4m3Keys view{keys.k.data(), keys.v.data(), keys.position.data(), keys.exact,
+                      keys.logit_shift.data(), keys.block.data(), int32_t(keys.block.size())};
+  attend_tile_e4m3(info, output, b, h, tile, load_query_tile(info, b, h, tile), view);
+}
+
 template <typename Fn>
 void for_each_tile(const ProblemInfo& info, Fn&& fn) {
   const fp_problem& p = *info.p;
@@ -138,6 +150,7 @@ void sparse_attention(const ProblemInfo& info, const fp_select_config& config,
     KeySet keys = gather_tiles(info, b, h, tiles, count);
     if (config.mean_correction)
       append_surrogates(info, config, index, b, h, info.seq(b).pmin(tile), tiles, count, keys);
+    if (info.fp8.on) return attend_e4m3(info, output, b, h, tile, keys);
     attend_tile<float>(info, output, b, h, tile, load_query_tile(info, b, h, tile), keys);
   });
 }
@@ -147,6 +160,7 @@ void dense_attention(const ProblemInfo& info, const fp_output& output) {
     std::vector<int32_t> tiles(info.seq(b).causal_tiles(tile));
     std::iota(tiles.begin(), tiles.end(), 0);
     const KeySet keys = gather_tiles(info, b, h, tiles.data(), int32_t(tiles.size()));
+    if (info.fp8.on) return attend_e4m3(info, output, b, h, tile, keys);  // float32, as sparse
     attend_tile<double>(info, output, b, h, tile, load_query_tile(info, b, h, tile), keys);
   });
 }

@@ -1,5 +1,5 @@
-// Exact dtype conversions of the CPU reference: bf16/fp16 widen exactly to float32, and float32
-// narrows with round-to-nearest-even, as the tensor-core path rounds.
+// Exact dtype conversions of the CPU reference: bf16/fp16/e4m3 widen exactly to float32, and
+// float32 narrows with round-to-nearest-even, as the tensor-core path rounds.
 #pragma once
 
 #include <cmath>
@@ -59,11 +59,40 @@ inline uint16_t float_to_fp16(float f) {
   return uint16_t(sign | uint16_t(((r >> 23) - 112) << 10 | ((r >> 13) & 0x3ff)));
 }
 
+// OCP e4m3fn: bias 7, subnormals mant * 2^-9, S.1111.111 is NaN, no infinity, largest 448.
+inline constexpr float kE4m3Max = 448.f;
+
+inline float e4m3_to_float(uint8_t b) {
+  const uint32_t exp = (b >> 3) & 0xf, mant = b & 7;
+  float a;
+  if (exp == 15 && mant == 7) a = NAN;
+  else if (exp == 0) a = float(mant) * 0.001953125f;           // mant * 2^-9
+  else a = bits_to_float(((exp + 120) << 23) | (mant << 20));  // (1 + mant / 8) 2^(exp - 7)
+  return (b & 0x80) ? -a : a;
+}
+
+// Round-to-nearest-even with saturation: finite values beyond 448 and infinities become +-448
+// (cvt.rn.satfinite.e4m3x2.f32, the conversion FP8 kernels use; quantizers clamp the same way),
+// NaN stays NaN.
+inline uint8_t float_to_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= kE4m3Max) return uint8_t(sign | 0x7e);
+  if (a < 0.015625f) return uint8_t(sign | uint8_t(std::nearbyint(a * 512.f)));  // 2^-6: subnormal
+  const uint32_t au = float_to_bits(a);
+  const uint32_t r = au + 0x7ffff + ((au >> 20) & 1);  // to 3 mantissa bits, ties to even
+  return uint8_t(sign | ((((r >> 23) - 120) << 3) | ((r >> 20) & 7)));
+}
+
+inline float round_to_e4m3(float x) { return e4m3_to_float(float_to_e4m3(x)); }
+
 inline float load(const void* base, int64_t i, fp_dtype dtype) {
   switch (dtype) {
     case FP_FLOAT32: return static_cast<const float*>(base)[i];
     case FP_BFLOAT16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
     case FP_FLOAT16: return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case FP_FLOAT8_E4M3: return e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
   }
   return 0.f;
 }
@@ -73,6 +102,7 @@ inline void store(void* base, int64_t i, fp_dtype dtype, float x) {
     case FP_FLOAT32: static_cast<float*>(base)[i] = x; break;
     case FP_BFLOAT16: static_cast<uint16_t*>(base)[i] = float_to_bf16(x); break;
     case FP_FLOAT16: static_cast<uint16_t*>(base)[i] = float_to_fp16(x); break;
+    case FP_FLOAT8_E4M3: static_cast<uint8_t*>(base)[i] = float_to_e4m3(x); break;
   }
 }
 
@@ -82,6 +112,7 @@ inline float round_to_dtype(float x, fp_dtype dtype) {
     case FP_FLOAT32: return x;
     case FP_BFLOAT16: return bf16_to_float(float_to_bf16(x));
     case FP_FLOAT16: return fp16_to_float(float_to_fp16(x));
+    case FP_FLOAT8_E4M3: return round_to_e4m3(x);
   }
   return x;
 }

@@ -1,6 +1,7 @@
 // Stage 1a: block means of K and V (Eq. 5).
 #include <vector>
 
+#include "reference/fp8.hpp"
 #include "reference/numerics.hpp"
 #include "reference/reference.hpp"
 
@@ -19,7 +20,7 @@ QueryTile load_query_tile(const ProblemInfo& info, int32_t b, int32_t h, int32_t
     const int64_t token = info.cu_q[b] + seq.query_index(r);
     const int64_t head = int64_t(h) * info.group + seq.head_in_group(r);
     const int64_t base = token * p.q_stride_token + head * p.q_stride_head;
-    for (int32_t d = 0; d < p.head_dim; ++d) t.q[size_t(i) * p.head_dim + d] = load(p.q, base + d, p.dtype);
+    for (int32_t d = 0; d < p.head_dim; ++d) t.q[size_t(i) * p.head_dim + d] = q_operand(info, b, h, base + d);
     t.position[i] = seq.position(r);
   }
   return t;
@@ -39,13 +40,14 @@ void pool(const ProblemInfo& info, const fp_select_config& config, float* k_mean
       const void* data = value ? p.v : p.k;
       const int64_t head_off = int64_t(h) * (value ? p.v_stride_head : p.k_stride_head);
       const KvAddress addr = info.kv_address(b, value);
+      const float c = kv_descale(info, b, h, value);  // FP8: means of the dequantized K/V
       std::vector<float> sum(D);
       const int32_t first = pooled_keys ? pooled_keys[b] / config.block_size : 0;
       for (int32_t j = first; j < blocks.num_blocks(); ++j) {
         std::fill(sum.begin(), sum.end(), 0.f);
         for (int32_t key = blocks.begin(j); key < blocks.end(j); ++key) {
           const int64_t base = addr.offset(key) + head_off;
-          for (int32_t d = 0; d < D; ++d) sum[d] += load(data, base + d, p.dtype);
+          for (int32_t d = 0; d < D; ++d) sum[d] += c * load(data, base + d, info.fp8.kv_dtype);
         }
         float* out = means + (size_t(bh) * max_blocks + j) * D;
         const float count = float(blocks.count(j));

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "reference/fp8.hpp"
 #include "reference/numerics.hpp"
 #include "reference/reference.hpp"
 
@@ -24,13 +25,13 @@ Segment segment_of(const ProblemInfo& info, int64_t s) {
   return {int32_t(bh / info.p->num_heads_kv), int32_t(bh % info.p->num_heads_kv), tile};
 }
 
-// Pooled keys of (b, h) rounded to the dtype (the rho rule), [num_blocks, D].
+// Pooled keys of (b, h) as scoring consumes them (the rho rule; e4m3 for FP8), [num_blocks, D].
 std::vector<float> rounded_means(const ProblemInfo& info, const float* means, int32_t max_blocks,
                                  int32_t b, int32_t h, int32_t num_blocks) {
   const fp_problem& p = *info.p;
   const float* src = means + (size_t(b) * p.num_heads_kv + h) * max_blocks * p.head_dim;
   std::vector<float> out(size_t(num_blocks) * p.head_dim);
-  for (size_t i = 0; i < out.size(); ++i) out[i] = round_to_dtype(src[i], p.dtype);
+  for (size_t i = 0; i < out.size(); ++i) out[i] = mean_operand(info, b, h, false, src[i]);
   return out;
 }
 
@@ -47,7 +48,7 @@ std::vector<int32_t> select_tiles(const ProblemInfo& info, const fp_select_confi
   const std::vector<float> kbar = rounded_means(info, k_mean, max_blocks, seg.b, seg.h, candidates);
 
   // Eq. 19: x_rJ in log2 units over valid pairs (J starts at or before the row's position).
-  const float x_scale = info.scale * kLog2e;
+  const float x_scale = info.scale * logit_descale(info, seg.b, seg.h) * kLog2e;
   std::vector<float> x(size_t(qt.rows) * candidates, -INFINITY);
   float m = -INFINITY;
   for (int32_t r = 0; r < qt.rows; ++r)

@@ -1,0 +1,266 @@
+"""FP8 e4m3 (Eq. 15, docs/ALGORITHM.md "FP8 e4m3"): the library's rounding against ml_dtypes'
+float8_e4m3fn, an independent numpy model of Eq. 15, float64 attention on the dequantized
+inputs, and the error classes."""
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import flashprefill as fp
+from flashprefill import _lib
+from flashprefill._problem import build_problem
+
+from conftest import cu_of, random_qkv, reference_attention, rel_l2, structured_qkv
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+E4M3 = ml_dtypes.float8_e4m3fn
+BF16 = ml_dtypes.bfloat16
+LOG2E = np.float32(1.4426950408889634)
+
+
+def quantize(x, descale):
+    """round_e4m3(x * (1 / c)) with saturation, as the library and FP8 quantizers round."""
+    inv = np.float32(1) / np.float32(descale)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and infinite inputs
+        return np.clip(x.astype(np.float32) * inv, -448, 448).astype(E4M3)
+
+
+def every_value(dtype):
+    """Every bit pattern of a 16-bit dtype as that dtype (NaNs and infinities included)."""
+    return np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(dtype)
+
+
+def observed_q(q, q_descale):
+    """The e4m3 q~ the library uses, observed through the LSE of one key k = 1 per request with
+    D = 1 and scale 1: lse = c_q q~."""
+    n = q.shape[0]
+    k = np.ones((n, 1, 1), dtype=E4M3)
+    cu = np.arange(n + 1, dtype=np.int32)
+    _, lse = fp.dense_attention(q.reshape(n, 1, 1), k, k, softmax_scale=1.0, cu_seqlens_q=cu,
+                                cu_seqlens_k=cu, return_lse=True, q_descale=q_descale)
+    return lse[0] / np.float32(q_descale)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("descale", [1.0, 0.37], ids=["c1", "c0.37"])
+def test_q_quantization_matches_ml_dtypes(dtype, descale):
+    x = every_value(dtype)
+    want = quantize(x, descale).astype(np.float32)
+    got = observed_q(x, descale)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    # lse comes back through log2 units: equal to the e4m3 value to float32 rounding (the 2^8
+    # offset, 8 - 8 in log2 units, leaves an absolute error near ulp(8)).
+    assert np.allclose(got[~nan], want[~nan], rtol=1e-6, atol=1e-6)
+    assert np.array_equal(got[~nan].astype(E4M3), want[~nan].astype(E4M3))
+    # Round to nearest even at the midpoints, and saturation (ml_dtypes itself gives NaN past
+    # 464; FP8 kernels and quantizers saturate).
+    assert observed_q(np.array([1.0625, 1.1875, 464, 1e4, -np.inf], dtype=dtype),
+                      1.0).tolist() == pytest.approx([1.0, 1.25, 448, 448, -448], rel=1e-6)
+
+
+def stage_ranges(pos):
+    """Key ranges of the unsplit operator's stages for a row at `pos` in dense mode: the aligned
+    128-key groups from the highest down (keys past pos are masked)."""
+    return [(c * 128, min(c * 128 + 128, pos + 1)) for c in range(pos // 128, -1, -1)]
+
+
+def eq15(q8, k8, v8, cq, ck, cv, scale):
+    """Eq. 15 written independently: one request, per-tensor descales, float64 except that every
+    P~ is rounded to e4m3 by ml_dtypes; (out, lse)."""
+    q, k, v = (np.asarray(x, dtype=np.float32).astype(np.float64) for x in (q8, k8, v8))
+    len_q, heads_q, _ = q.shape
+    len_kv, heads_kv, _ = k.shape
+    g = heads_q // heads_kv
+    s_log2 = scale * cq * ck / np.log(2)
+    out = np.zeros(q.shape)
+    lse = np.zeros((heads_q, len_q))
+    for h in range(heads_q):
+        for i in range(len_q):
+            pos = len_kv - len_q + i
+            m, l, acc = -np.inf, 0.0, np.zeros(q.shape[2])
+            for a, b in stage_ranges(pos):
+                s = k[a:b, h // g] @ q[i, h] * s_log2
+                m_new = max(m, s.max())
+                p = np.exp2(s - m_new + 8).astype(np.float32).astype(E4M3).astype(np.float64)
+                rescale = np.exp2(m - m_new)
+                l = l * rescale + p.sum()
+                acc = acc * rescale + p @ v[a:b, h // g]
+                m = m_new
+            out[i, h] = cv * acc / l
+            lse[h, i] = (m + np.log2(l) - 8) * np.log(2)
+    return out, lse
+
+
+def per_tensor(x):
+    return float(np.abs(x).max()) / 448
+
+
+def test_dense_matches_independent_eq15(rng):
+    q, k, v = random_qkv(rng, 150, 300, 4, 2, 32)
+    c = [per_tensor(x) for x in (q, k, v)]
+    q8, k8, v8 = (quantize(x, s) for x, s in zip((q, k, v), c))
+    out, lse = fp.dense_attention(q8, k8, v8, return_lse=True, q_descale=c[0], k_descale=c[1],
+                                  v_descale=c[2])
+    assert out.dtype == BF16
+    want, want_lse = eq15(q8, k8, v8, *c, 1 / np.sqrt(32))
+    # Only float32-vs-float64 arithmetic differs (now and then a P~ near a rounding midpoint
+    # rounds the other way: one e4m3 step of one weight), and the bfloat16 output rounding.
+    assert rel_l2(out.astype(np.float32), want) < 3e-3
+    assert np.abs(lse - want_lse).max() < 1e-3
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
+def test_dense_matches_float64_on_the_dequantized_inputs(rng, per_head):
+    lengths_q, lengths_k = [200, 77], [260, 300]
+    cu_q, cu_k = cu_of(lengths_q), cu_of(lengths_k)
+    q, k, v = structured_qkv(rng, sum(lengths_q), sum(lengths_k), 8, 2, 64)
+    group = 4
+    if per_head:
+        def descale(x, cu, heads_per_kv):
+            return np.array([[np.abs(x[cu[b]:cu[b + 1], h * heads_per_kv:(h + 1) * heads_per_kv])
+                              .max() / 448 for h in range(2)] for b in range(2)], np.float32)
+        c = [descale(q, cu_q, group), descale(k, cu_k, 1), descale(v, cu_k, 1)]
+    else:
+        c = [np.float32(per_tensor(x)) for x in (q, k, v)]
+
+    def scales(x, s, cu, heads_per_kv):
+        if not per_head:
+            return np.full(x.shape[:2] + (1,), s, np.float32)
+        request = np.searchsorted(cu, np.arange(x.shape[0]), side="right") - 1
+        return s[request][:, np.arange(x.shape[1]) // heads_per_kv][..., None]
+
+    sq, sk, sv = scales(q, c[0], cu_q, group), scales(k, c[1], cu_k, 1), scales(v, c[2], cu_k, 1)
+    q8, k8, v8 = (np.clip(x * (np.float32(1) / s), -448, 448).astype(E4M3)
+                  for x, s in ((q, sq), (k, sk), (v, sv)))
+    dq, dk, dv = (s * x.astype(np.float32) for x, s in ((q8, sq), (k8, sk), (v8, sv)))
+    out = fp.dense_attention(q8, k8, v8, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, q_descale=c[0],
+                             k_descale=c[1], v_descale=c[2]).astype(np.float32)
+    exact_deq, _ = reference_attention(dq, dk, dv, cu_q, cu_k)
+    exact, _ = reference_attention(q, k, v, cu_q, cu_k)
+    bf16 = fp.dense_attention(*(x.astype(BF16) for x in (q, k, v)), cu_seqlens_q=cu_q,
+                              cu_seqlens_k=cu_k).astype(np.float32)
+    assert rel_l2(out, exact_deq) < 3e-2
+    assert rel_l2(out, exact) < 8e-2
+    assert rel_l2(bf16, exact) < rel_l2(out, exact)
+    # bfloat16 q over the e4m3 KV cache, q quantized by the library (dynamic c_q per request
+    # and KV head), against the same with those c_q given.
+    kv = fp.dense_attention(q.astype(BF16), k8, v8, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                            k_descale=c[1], v_descale=c[2])
+    assert kv.dtype == BF16
+    assert rel_l2(kv.astype(np.float32), exact) < 8e-2
+
+
+def test_dynamic_q_descale_is_max_over_the_request_and_group(rng):
+    q, k, v = random_qkv(rng, 90, 90, 4, 2, 16)
+    cu = [0, 40, 90]
+    q16, k8, v8 = q.astype(np.float16), k.astype(E4M3), v.astype(E4M3)
+    amax = np.array([[np.abs(q16[cu[b]:cu[b + 1], 2 * h:2 * h + 2].astype(np.float32)).max()
+                      for h in range(2)] for b in range(2)], np.float32)
+    dynamic = fp.dense_attention(q16, k8, v8, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    given = fp.dense_attention(q16, k8, v8, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                               q_descale=amax / np.float32(448))
+    assert dynamic.dtype == np.float16
+    assert np.array_equal(dynamic, given)
+    fixed = fp.dense_attention(q16, k8, v8, cu_seqlens_q=cu, cu_seqlens_k=cu, q_descale=0.5)
+    assert not np.array_equal(dynamic, fixed)
+
+
+def test_alpha_zero_prefill_equals_fp8_dense(rng):
+    q, k, v = structured_qkv(rng, 300, 420, 8, 2, 64)
+    q8, k8, v8 = (x.astype(E4M3) for x in (q, k, v))
+    dense = fp.dense_attention(q8, k8, v8, k_descale=0.5, v_descale=2.0)
+    for correction in (False, True):
+        got = fp.prefill(q8, k8, v8, alpha=0.0, sink_tokens=0, window_tokens=0,
+                         dense_recent_tiles=0, mean_correction=correction, k_descale=0.5,
+                         v_descale=2.0)
+        assert np.array_equal(got, dense)
+
+
+def test_paged_cache_equals_contiguous(rng):
+    lengths_q, lengths_k, page_size = [100, 37], [300, 37], 16
+    q, k, v = structured_qkv(rng, sum(lengths_q), sum(lengths_k), 4, 2, 64)
+    cu_q, cu_k = cu_of(lengths_q), cu_of(lengths_k)
+    q16, k8, v8 = q.astype(np.float16), k.astype(E4M3), v.astype(E4M3)
+    pages = [-(-n // page_size) for n in lengths_k]
+    order = rng.permutation(sum(pages))
+    k_cache = np.zeros((sum(pages), page_size, 2, 64), E4M3)
+    v_cache = np.zeros_like(k_cache)
+    table = np.zeros((2, max(pages)), np.int32)
+    for b, n in enumerate(lengths_k):
+        for i in range(pages[b]):
+            page = order[sum(pages[:b]) + i]
+            table[b, i] = page
+            rows = slice(cu_k[b] + i * page_size, cu_k[b] + min((i + 1) * page_size, n))
+            count = rows.stop - rows.start
+            k_cache[page, :count], v_cache[page, :count] = k8[rows], v8[rows]
+    kw = dict(cu_seqlens_q=cu_q, k_descale=0.25, v_descale=np.array([[1.0, 2.0], [0.5, 1.0]],
+                                                                     np.float32))
+    paged = fp.PagedKV(k_cache, v_cache, table, lengths_k)
+    for call in (fp.dense_attention, fp.prefill):
+        assert np.array_equal(call(q16, paged, **kw), call(q16, k8, v8, cu_seqlens_k=cu_k, **kw))
+
+
+def test_fp16_output_and_sparse_stages(rng):
+    q, k, v = structured_qkv(rng, 256, 1024, 4, 1, 64)
+    q8, k8, v8 = (x.astype(E4M3) for x in (q, k, v))
+    index = fp.build_index(q8, k8, v8, fp.SelectConfig(alpha=0.3, sink_tokens=64,
+                                                       window_tokens=64))
+    assert 0 < index.density() < 1
+    out = np.empty(q.shape, np.float16)
+    got = fp.sparse_attention(q8, k8, v8, index, out=out)
+    assert got is out
+    exact, _ = reference_attention(*(x.astype(np.float32) for x in (q8, k8, v8)))
+    assert rel_l2(out, exact) < 5e-2
+
+
+def test_errors(rng):
+    q, k, v = random_qkv(rng, 64, 64, 2, 1, 16)
+    q8, k8, v8 = (x.astype(E4M3) for x in (q, k, v))
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(fp.FlashPrefillError, match="must be finite and > 0") as e:
+            fp.dense_attention(q8, k8, v8, k_descale=bad)
+        assert e.value.status == fp.Status.INVALID_ARGUMENT
+    with pytest.raises(ValueError, match=r"\[B, Hkv\]"):
+        fp.dense_attention(q8, k8, v8, v_descale=np.ones((2, 2), np.float32))
+    with pytest.raises(TypeError, match="float32"):
+        fp.dense_attention(q8, k8, v8, v_descale=np.ones((1,), np.float64))
+    with pytest.raises(TypeError, match="differs from q"):
+        fp.dense_attention(q8, k.astype(BF16), v.astype(BF16))
+    with pytest.raises(TypeError, match="k and v share one dtype"):
+        fp.dense_attention(q.astype(BF16), k8, v.astype(BF16))
+    with pytest.raises(fp.FlashPrefillError, match="mixed dtypes"):
+        fp.dense_attention(q, k8, v8)
+    with pytest.raises(fp.FlashPrefillError, match="no tensor is e4m3"):
+        fp.dense_attention(q, k, v, k_descale=1.0)
+    with pytest.raises(ValueError, match="writes bfloat16 or float16"):
+        fp.dense_attention(q8, k8, v8, out=np.empty(q.shape, np.float32))
+
+
+def test_plan_refuses_fp8():
+    with pytest.raises(TypeError, match="Plan takes"):
+        fp.Plan(2, 1, 16, np.dtype(E4M3), None, [0, 8], 8, 8, cu_seqlens_k=[0, 8])
+
+
+def test_cuda_is_unsupported(rng):
+    """The C ABI refuses an FP8 problem on CUDA (no kernel yet), before touching any pointer."""
+    q, k, v = random_qkv(rng, 64, 64, 2, 1, 64)
+    for q_in in (q.astype(E4M3), q.astype(BF16)):
+        problem = build_problem(q_in, k.astype(E4M3), v.astype(E4M3))
+        problem.c.device = _lib.Device.CUDA
+        nbytes = ctypes.c_size_t()
+        with pytest.raises(fp.FlashPrefillError, match="no FP8 kernel") as e:
+            _lib.call("fp_dense_attention_workspace_size", ctypes.byref(problem.c),
+                      ctypes.byref(nbytes))
+        assert e.value.status == fp.Status.UNSUPPORTED
+
+
+def test_torch_float8(rng):
+    torch = pytest.importorskip("torch")
+    q, k, v = random_qkv(rng, 100, 100, 2, 1, 32)
+    want = fp.dense_attention(*(x.astype(E4M3) for x in (q, k, v)), k_descale=0.5)
+    got = fp.dense_attention(*(torch.from_numpy(x).to(torch.float8_e4m3fn) for x in (q, k, v)),
+                             k_descale=torch.tensor([0.5]))
+    assert got.dtype == torch.bfloat16
+    assert np.array_equal(got.float().numpy(), want.astype(np.float32))

@@ -1,0 +1,348 @@
+// FP8 e4m3 (Eq. 15, docs/ALGORITHM.md "FP8 e4m3"): the conversion, the FP8 reference against
+// exact attention on the dequantized inputs, and the errors of FP8 problems.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "reference/numerics.hpp"
+#include "test_support.hpp"
+
+using namespace fptest;
+using flashprefill::ref::e4m3_to_float;
+using flashprefill::ref::float_to_e4m3;
+
+namespace {
+
+// The FP8 fields are appended: every field before them keeps its offset (LP64).
+static_assert(sizeof(void*) != 8 || (offsetof(fp_problem, seqlens_k) == 208 &&
+                                     offsetof(fp_problem, kv_dtype) == 216 &&
+                                     sizeof(fp_problem) == 296));
+
+TEST(E4m3, DecodesEveryCode) {
+  EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.f, -9));   // smallest subnormal
+  EXPECT_EQ(e4m3_to_float(0x07), 7 * std::ldexp(1.f, -9));
+  EXPECT_EQ(e4m3_to_float(0x08), std::ldexp(1.f, -6));   // smallest normal
+  EXPECT_EQ(e4m3_to_float(0x38), 1.f);
+  EXPECT_EQ(e4m3_to_float(0x7e), 448.f);
+  EXPECT_TRUE(std::isnan(e4m3_to_float(0x7f)));
+  EXPECT_TRUE(std::isnan(e4m3_to_float(0xff)));
+  EXPECT_TRUE(std::signbit(e4m3_to_float(0x80)) && e4m3_to_float(0x80) == 0.f);
+  for (int c = 0; c < 256; ++c) {
+    const float x = e4m3_to_float(uint8_t(c));
+    if (std::isnan(x)) continue;
+    EXPECT_EQ(float_to_e4m3(x), c) << "code " << c;  // exact round trip
+    if ((c & 0x7f) < 0x7e) EXPECT_LT(std::fabs(x), std::fabs(e4m3_to_float(uint8_t(c + 1))));
+  }
+}
+
+TEST(E4m3, RoundsToNearestEven) {
+  for (int c = 0; c < 0x7e; ++c) {
+    const float lo = e4m3_to_float(uint8_t(c)), hi = e4m3_to_float(uint8_t(c + 1));
+    const float mid = 0.5f * (lo + hi);  // exact in float32
+    EXPECT_EQ(float_to_e4m3(mid), (c % 2 == 0) ? c : c + 1) << "between codes " << c;
+    EXPECT_EQ(float_to_e4m3(std::nextafter(mid, 0.f)), c);
+    EXPECT_EQ(float_to_e4m3(std::nextafter(mid, 1e9f)), c + 1);
+    EXPECT_EQ(float_to_e4m3(-mid), 0x80 | float_to_e4m3(mid));
+  }
+  EXPECT_EQ(float_to_e4m3(std::ldexp(1.f, -11)), 0x00);  // below half the smallest subnormal
+  EXPECT_EQ(float_to_e4m3(1e-30f), 0x00);
+}
+
+TEST(E4m3, SaturatesAndKeepsNaN) {
+  for (float x : {448.f, 449.f, 463.9f, 464.f, 480.f, 1e4f, 3.4e38f, INFINITY}) {
+    EXPECT_EQ(float_to_e4m3(x), 0x7e) << x;
+    EXPECT_EQ(float_to_e4m3(-x), 0xfe) << -x;
+  }
+  EXPECT_TRUE(std::isnan(e4m3_to_float(float_to_e4m3(NAN))));
+  EXPECT_TRUE(std::isnan(e4m3_to_float(float_to_e4m3(-NAN))));
+}
+
+// A float32 problem quantized to e4m3 with descales per (request, KV head) (c = max|x| / 448) or
+// one per tensor, and the float32 problem of the dequantized values.
+class Quantized {
+ public:
+  Quantized(TestProblem& source, bool per_head) : src_(source) {
+    const int32_t B = src_.batch(), Hkv = src_.heads_kv(), g = src_.heads_q() / Hkv,
+                  D = src_.head_dim();
+    for (int which = 0; which < 3; ++which) {
+      const bool is_q = which == 0;
+      const int32_t heads = is_q ? src_.heads_q() : Hkv;
+      const int64_t rows = is_q ? src_.total_q() : src_.total_k();
+      std::vector<float>& c = descale_[which];
+      c.assign(size_t(B) * Hkv, 0.f);
+      auto value = [&](int64_t t, int32_t h, int32_t d) {
+        return which == 0 ? src_.q(t, h, d) : which == 1 ? src_.k(t, h, d) : src_.v(t, h, d);
+      };
+      auto request_of = [&](int64_t t) {
+        int32_t b = 0;
+        while ((is_q ? src_.cu_q(b + 1) : src_.cu_k(b + 1)) <= t) ++b;
+        return b;
+      };
+      auto slot = [&](int64_t t, int32_t h) {
+        return per_head ? size_t(request_of(t)) * Hkv + (is_q ? h / g : h) : size_t(0);
+      };
+      for (int64_t t = 0; t < rows; ++t)
+        for (int32_t h = 0; h < heads; ++h)
+          for (int32_t d = 0; d < D; ++d)
+            c[slot(t, h)] = std::max(c[slot(t, h)], std::fabs(value(t, h, d)) / 448.f);
+      for (float& x : c) x = x > 0.f ? x : 1.f;
+      if (!per_head) std::fill(c.begin(), c.end(), c[0]);
+      std::vector<uint8_t>& codes = codes_[which];
+      std::vector<float>& deq = dequantized_[which];
+      codes.resize(size_t(rows) * heads * D);
+      deq.resize(codes.size());
+      for (int64_t t = 0; t < rows; ++t)
+        for (int32_t h = 0; h < heads; ++h)
+          for (int32_t d = 0; d < D; ++d) {
+            const size_t i = (size_t(t) * heads + h) * D + d;
+            const float s = c[slot(t, h)];
+            codes[i] = float_to_e4m3(value(t, h, d) * (1.f / s));
+            deq[i] = s * e4m3_to_float(codes[i]);
+          }
+    }
+  }
+
+  // q, k and v in e4m3 with their descales.
+  fp_problem fp8() const {
+    fp_problem p = src_.contiguous();
+    p.dtype = FP_FLOAT8_E4M3;
+    p.q = codes_[0].data();
+    p.k = codes_[1].data();
+    p.v = codes_[2].data();
+    set_descales(p, true);
+    return p;
+  }
+
+  // The source q in its dtype over the e4m3 KV cache; c_q dynamic unless given.
+  fp_problem kv_cache() const {
+    fp_problem p = src_.contiguous();
+    p.kv_dtype = FP_FLOAT8_E4M3;
+    p.k = codes_[1].data();
+    p.v = codes_[2].data();
+    set_descales(p, false);
+    return p;
+  }
+
+  // Float32 copies of the dequantized q (k, v) of fp8().
+  TestProblem dequantized() const {
+    TestProblem t(src_.lengths(), src_.heads_q(), src_.heads_kv(), src_.head_dim(), FP_FLOAT32, 1);
+    t.set_data(dequantized_[0], dequantized_[1], dequantized_[2]);
+    return t;
+  }
+
+ private:
+  void set_descales(fp_problem& p, bool with_q) const {
+    const int64_t hkv = src_.heads_kv();
+    if (with_q) p.q_descale = descale_[0].data();
+    p.k_descale = descale_[1].data();
+    p.v_descale = descale_[2].data();
+    p.q_descale_stride_batch = p.k_descale_stride_batch = p.v_descale_stride_batch = hkv;
+    p.q_descale_stride_head = p.k_descale_stride_head = p.v_descale_stride_head = 1;
+  }
+
+  TestProblem& src_;
+  std::vector<float> descale_[3];
+  std::vector<uint8_t> codes_[3];
+  std::vector<float> dequantized_[3];
+};
+
+// The output of an FP8 problem, written in bfloat16.
+std::vector<float> run_fp8(const fp_problem& p, const fp_select_config* prefill_config,
+                           std::vector<float>* lse = nullptr) {
+  fp_problem shape = p;
+  shape.dtype = FP_BFLOAT16;
+  Output out(shape, lse != nullptr);
+  if (prefill_config) {
+    size_t bytes = 0;
+    EXPECT_EQ(fp_prefill_workspace_size(&p, prefill_config, &bytes), FP_OK) << fp_last_error_message();
+    std::vector<unsigned char> ws(bytes);
+    EXPECT_EQ(fp_prefill(&p, prefill_config, &out.view, ws.data(), ws.size()), FP_OK)
+        << fp_last_error_message();
+  } else {
+    EXPECT_EQ(fp_dense_attention(&p, &out.view, nullptr, 0), FP_OK) << fp_last_error_message();
+  }
+  if (lse) *lse = out.lse;
+  return out.values();
+}
+
+fp_select_config dense_config(int mean_correction) {
+  fp_select_config c = default_config();
+  c.alpha = 0.f;
+  c.sink_tokens = c.window_tokens = c.dense_recent_tiles = 0;
+  c.mean_correction = mean_correction;
+  return c;
+}
+
+struct Fp8Case {
+  int32_t head_dim;
+  bool structured, per_head;
+};
+
+class Fp8Dense : public ::testing::TestWithParam<Fp8Case> {};
+
+// docs/ALGORITHM.md's FP8 tolerances: against float64 attention on the dequantized inputs only
+// the e4m3 probabilities round (relative L2 <= 3e-2); against the unquantized inputs the
+// quantization of q, k and v adds its own error (<= 8e-2).
+TEST_P(Fp8Dense, MatchesFloat64OnTheDequantizedInputs) {
+  const auto [D, structured, per_head] = GetParam();
+  TestProblem src({{300, 300}, {129, 500}}, 8, 2, D, FP_FLOAT32, 31);
+  if (structured) fill_structured(src, 32);
+  const Quantized qz(src, per_head);
+  const TestProblem deq = qz.dequantized();
+  const std::vector<float> exact_deq = run_dense(deq.contiguous());
+  const std::vector<float> exact_src = run_dense(src.contiguous());
+  std::vector<float> lse, lse_exact;
+  const std::vector<float> got = run_fp8(qz.fp8(), nullptr, &lse);
+  run_dense(deq.contiguous(), &lse_exact);
+  const double err_deq = rel_l2(got, exact_deq), err_src = rel_l2(got, exact_src);
+  EXPECT_LT(err_deq, 3e-2);
+  EXPECT_LT(err_src, 8e-2);
+  double lse_err = 0;
+  for (size_t i = 0; i < lse.size(); ++i) lse_err = std::max(lse_err, double(std::fabs(lse[i] - lse_exact[i])));
+  EXPECT_LT(lse_err, 2e-2);  // the 2^8 offset comes out of the LSE
+  // bf16 inputs for comparison: the FP8 error stays within a few times bf16's.
+  TestProblem bf16(src.lengths(), 8, 2, D, FP_BFLOAT16, 1);
+  std::vector<float> q, k, v;
+  for (int64_t t = 0; t < src.total_q(); ++t)
+    for (int32_t h = 0; h < 8; ++h)
+      for (int32_t d = 0; d < D; ++d) q.push_back(src.q(t, h, d));
+  for (int64_t t = 0; t < src.total_k(); ++t)
+    for (int32_t h = 0; h < 2; ++h)
+      for (int32_t d = 0; d < D; ++d) {
+        k.push_back(src.k(t, h, d));
+        v.push_back(src.v(t, h, d));
+      }
+  bf16.set_data(q, k, v);
+  const double err_bf16 = rel_l2(run_dense(bf16.contiguous()), exact_src);
+  RecordProperty("fp8_vs_dequantized", std::to_string(err_deq));
+  RecordProperty("fp8_vs_unquantized", std::to_string(err_src));
+  RecordProperty("bf16_vs_unquantized", std::to_string(err_bf16));
+  EXPECT_LT(err_bf16, err_src);
+}
+
+TEST_P(Fp8Dense, AlphaZeroPrefillEqualsFp8Dense) {
+  const auto [D, structured, per_head] = GetParam();
+  TestProblem src({{300, 300}, {129, 500}}, 8, 2, D, FP_FLOAT32, 33);
+  if (structured) fill_structured(src, 34);
+  const Quantized qz(src, per_head);
+  const std::vector<float> dense = run_fp8(qz.fp8(), nullptr);
+  for (int corr = 0; corr < 2; ++corr) {
+    const fp_select_config c = dense_config(corr);
+    EXPECT_EQ(rel_l2(run_fp8(qz.fp8(), &c), dense), 0.0) << "mean_correction " << corr;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Inputs, Fp8Dense,
+                         ::testing::Values(Fp8Case{64, false, true}, Fp8Case{64, true, false},
+                                           Fp8Case{128, true, true}),
+                         [](const auto& info) {
+                           return "d" + std::to_string(info.param.head_dim) +
+                                  (info.param.structured ? "_structured" : "_random") +
+                                  (info.param.per_head ? "_per_head" : "_per_tensor");
+                         });
+
+// bf16 / fp16 q over an e4m3 KV cache: q quantized with the dynamic c_q per (request, KV head)
+// gives the same output as the e4m3 q quantized the same way.
+TEST(Fp8, KvCacheQuantizesQLikeAnFp8Q) {
+  for (fp_dtype dt : {FP_BFLOAT16, FP_FLOAT16}) {
+    TestProblem src({{200, 260}, {64, 64}}, 8, 2, 64, dt, 35);
+    const Quantized qz(src, true);
+    const std::vector<float> fp8_q = run_fp8(qz.fp8(), nullptr);
+    fp_problem kv = qz.kv_cache();
+    fp_problem shape = kv;
+    shape.out_dtype = dt;
+    Output out(shape);
+    ASSERT_EQ(fp_dense_attention(&kv, &out.view, nullptr, 0), FP_OK) << fp_last_error_message();
+    // Output in q's dtype (fp16 holds 3 more mantissa bits than bf16).
+    EXPECT_LT(rel_l2(out.values(), fp8_q), dt == FP_FLOAT16 ? 4e-3 : 1e-6) << "dtype " << int(dt);
+    const std::vector<float> exact = run_dense(qz.dequantized().contiguous());
+    EXPECT_LT(rel_l2(out.values(), exact), 2e-2);
+  }
+}
+
+TEST(Fp8, MeanCorrectionUsesE4m3Surrogates) {
+  TestProblem src({{400, 1200}}, 4, 1, 64, FP_FLOAT32, 36);
+  fill_structured(src, 37);
+  const Quantized qz(src, false);
+  fp_select_config c = default_config();
+  c.alpha = 0.3f;
+  c.sink_tokens = 64;
+  c.window_tokens = 64;
+  const std::vector<float> exact = run_dense(qz.dequantized().contiguous());
+  c.mean_correction = 0;
+  const double plain = rel_l2(run_fp8(qz.fp8(), &c), exact);
+  c.mean_correction = 1;
+  const double corrected = rel_l2(run_fp8(qz.fp8(), &c), exact);
+  EXPECT_LT(corrected, plain);
+}
+
+fp_status dense_status(const fp_problem& p) {
+  std::vector<uint16_t> out(size_t(p.total_q) * p.num_heads_q * p.head_dim);
+  const fp_output o{out.data(), int64_t(p.num_heads_q) * p.head_dim, p.head_dim, nullptr};
+  return fp_dense_attention(&p, &o, nullptr, 0);
+}
+
+void expect_error(const fp_problem& p, fp_status status, const std::string& message) {
+  EXPECT_EQ(dense_status(p), status) << message;
+  EXPECT_NE(std::string(fp_last_error_message()).find(message), std::string::npos)
+      << fp_last_error_message();
+}
+
+TEST(Fp8, Errors) {
+  TestProblem src({{70, 90}, {5, 5}}, 4, 2, 16, FP_BFLOAT16, 38);
+  const Quantized qz(src, true);
+  std::vector<float> bad = {1.f, 1.f, 0.f, 1.f};
+  fp_problem p = qz.fp8();
+  p.k_descale = bad.data();
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "k_descale[request 1, kv head 0] = 0 must be finite and > 0");
+  bad[2] = NAN;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "must be finite and > 0");
+  bad[2] = INFINITY;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "must be finite and > 0");
+  p = qz.fp8();
+  p.v_descale_stride_head = -1;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "v_descale strides must be >= 0");
+  p = src.contiguous();  // bf16, no e4m3 tensor
+  p.q_descale = bad.data();
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "q_descale is set but no tensor is e4m3");
+  p = qz.fp8();
+  p.kv_dtype = FP_BFLOAT16;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "mixed dtypes");
+  p = src.contiguous();
+  p.kv_dtype = FP_FLOAT16;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "mixed dtypes");
+  TestProblem f32({{8, 8}}, 4, 2, 16, FP_FLOAT32, 39);
+  p = f32.contiguous();
+  p.kv_dtype = FP_FLOAT8_E4M3;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "mixed dtypes");
+  p = qz.fp8();
+  p.out_dtype = FP_FLOAT8_E4M3;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "an FP8 problem writes bfloat16 or float16");
+  p = src.contiguous();
+  p.out_dtype = FP_FLOAT16;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "only FP8 problems choose it");
+  p = qz.fp8();
+  int32_t unknown = 7;
+  std::memcpy(&p.kv_dtype, &unknown, sizeof unknown);
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "unknown kv_dtype 7");
+}
+
+// No FP8 kernel yet: every CUDA entry point refuses an FP8 problem, whatever the build.
+TEST(Fp8, CudaIsUnsupported) {
+  TestProblem src({{70, 90}}, 4, 2, 64, FP_BFLOAT16, 40);
+  const Quantized qz(src, true);
+  for (fp_problem p : {qz.fp8(), qz.kv_cache()}) {
+    p.device = FP_DEVICE_CUDA;
+    expect_error(p, FP_ERROR_UNSUPPORTED, "no FP8 kernel");
+    const fp_select_config c = default_config();
+    size_t bytes = 0;
+    EXPECT_EQ(fp_prefill_workspace_size(&p, &c, &bytes), FP_ERROR_UNSUPPORTED);
+    std::vector<float> means(1);
+    EXPECT_EQ(fp_pool_kv(&p, &c, means.data(), means.data(), nullptr), FP_ERROR_UNSUPPORTED);
+  }
+}
+
+}  // namespace
