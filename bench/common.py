@@ -174,7 +174,7 @@ def machine():
 
 class ResultsFile:
     """One run's results file, DIRECTORY/<date>-<machine>-<bench>.json: the exact command, the
-    date, the machine, the commit (git, else $FP_COMMIT, else "unknown") and every row.
+    date, the machine, the commit ($FP_COMMIT, else git, else "unknown") and every row.
     write(rows) rewrites it whole, so a run stopped part way (a time limit) leaves the rows it
     measured. bench/report.py renders docs/PERF.md from these files."""
 
@@ -184,7 +184,7 @@ class ResultsFile:
             "command": shlex.join(["python3", os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
             "date": started.isoformat(timespec="seconds"),
             "machine": machine(),
-            "commit": _git("rev-parse", "HEAD") or os.environ.get("FP_COMMIT") or "unknown",
+            "commit": os.environ.get("FP_COMMIT") or _git("rev-parse", "HEAD") or "unknown",
             "tree": None,
             "library": fp.version() if fp is not None else None,
             "torch": torch.__version__,
