@@ -144,8 +144,11 @@ def test_mixed_batch_matches_contiguous_and_exact(rng, device, include_decodes):
     sparse = f.contiguous([2, 4, 5], fp.prefill, **sparse_kwargs(SETTINGS))
     for r in (2, 4, 5):
         np.testing.assert_allclose(out[f.rows(r)], sparse[r], **tol)
-    # The selection is active: the sparse rows are not exact attention.
-    assert np.abs(out[f.rows(4)] - exact[f.rows(4)]).max() > 10 * tol["atol"]
+    # The selection is active: the sparse rows are farther from exact attention than from the
+    # contiguous call by an order of magnitude (bf16's tolerance would hide it on CUDA).
+    off_exact = np.abs(out[f.rows(4)] - exact[f.rows(4)]).max()
+    off_contiguous = np.abs(out[f.rows(4)] - sparse[4]).max()
+    assert off_exact > 10 * max(off_contiguous, 1e-3)
     for r in [3] + ([0, 1] if include_decodes else []):
         np.testing.assert_allclose(out[f.rows(r)], exact[f.rows(r)], **tol)
     if not include_decodes:
