@@ -59,7 +59,7 @@ class Settings:
     window_tokens: int = 512
     dense_recent_tiles: int = 1
     mean_correction: bool = True
-    min_sparse_len: int = 4096
+    min_sparse_len: int = 1024
     dense_layers: int = 0
     validate_metadata: bool = False
 
