@@ -64,8 +64,10 @@ def _reusable(t, device):
 
 
 def _cached_plan(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                 max_seqlen_k, softmax_scale, config, dense, validate_metadata):
-    """A Plan for this call, reused across calls on the same metadata tensors.
+                 max_seqlen_k, softmax_scale, select, validate_metadata):
+    """A Plan for this call, reused across calls on the same metadata tensors; `select` is the
+    selection arguments as a tuple (a SelectConfig is made only for a new plan), None for dense
+    attention.
 
     None when the call cannot use one: maxima not given, or metadata that a plan would have to
     convert (a converted copy would not follow later changes of the caller's tensor)."""
@@ -79,24 +81,27 @@ def _cached_plan(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_se
     key = (q.device, q.dtype, q.shape[1], k.shape[-2], q.shape[2], k.dim(),
            *((None, 0) if t is None else (t.data_ptr(), t.shape[0]) for t in meta),
            None if page_table is None else page_table.shape[1],
-           max_seqlen_q, max_seqlen_k, softmax_scale, config, dense, validate_metadata)
+           max_seqlen_q, max_seqlen_k, softmax_scale, select, validate_metadata)
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= _PLAN_CACHE_SIZE:
             _plans.pop(next(iter(_plans)))
         plan = Plan(q.shape[1], k.shape[-2], q.shape[2], q.dtype, q.device, cu_seqlens_q,
                     max_seqlen_q, max_seqlen_k, cu_seqlens_k=cu_seqlens_k, seqlens_k=seqlens_k,
-                    page_table=page_table, softmax_scale=softmax_scale, config=config,
-                    dense=dense, validate_metadata=validate_metadata)
+                    page_table=page_table, softmax_scale=softmax_scale,
+                    config=None if select is None else _config(*select), dense=select is None,
+                    validate_metadata=validate_metadata)
         plan._validate_every_run = validate_metadata
         _plans[key] = plan
     return plan
 
 
 def _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, config, dense, validate_metadata, out, lse):
+                    max_seqlen_k, softmax_scale, select, validate_metadata, out, lse):
+    """prefill (select: the selection arguments' tuple) or dense attention (select None) into
+    out and lse."""
     plan = _cached_plan(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                        max_seqlen_k, softmax_scale, config, dense, validate_metadata)
+                        max_seqlen_k, softmax_scale, select, validate_metadata)
     if plan is not None:
         plan._run(q, k, v, out, lse, per_call_workspace=True)
         return
@@ -104,10 +109,10 @@ def _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, 
     common = dict(softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                   max_seqlen_k=max_seqlen_k, validate_metadata=validate_metadata, out=out)
-    if dense:
+    if select is None:
         result = api.dense_attention(q, kk, vv, return_lse=lse is not None, **common)
     else:
-        c = config
+        c = _config(*select)
         result = api.prefill(q, kk, vv, block_size=c.block_size, alpha=c.alpha,
                              sink_tokens=c.sink_tokens, window_tokens=c.window_tokens,
                              dense_recent_tiles=c.dense_recent_tiles,
@@ -132,10 +137,9 @@ def _prefill_out_impl(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optiona
                 dense_recent_tiles: int = 1, mean_correction: bool = True,
                 validate_metadata: bool = True) -> None:
     """Block-sparse causal prefill (index stage + attention) into out (and lse)."""
-    config = _config(block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles,
-                     mean_correction)
+    select = (block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles, mean_correction)
     _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, config, False, validate_metadata, out, lse)
+                    max_seqlen_k, softmax_scale, select, validate_metadata, out, lse)
 
 
 def _prefill_out_fake(q, k, v, out, lse=None, *args, **kwargs):
@@ -151,10 +155,9 @@ def _prefill_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor
             validate_metadata: bool = True) -> Tensor:
     """Block-sparse causal prefill; returns out [total_q, Hq, D] in q's dtype."""
     out = _new_out(q)
-    config = _config(block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles,
-                     mean_correction)
+    select = (block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles, mean_correction)
     _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, config, False, validate_metadata, out, None)
+                    max_seqlen_k, softmax_scale, select, validate_metadata, out, None)
     return out
 
 
@@ -173,7 +176,7 @@ def _dense_attention_out_impl(q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                         validate_metadata: bool = True) -> None:
     """Exact causal attention into out (and lse)."""
     _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, None, True, validate_metadata, out, lse)
+                    max_seqlen_k, softmax_scale, None, validate_metadata, out, lse)
 
 
 def _dense_attention_out_fake(q, k, v, out, lse=None, *args, **kwargs):
@@ -188,7 +191,7 @@ def _dense_attention_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optiona
     """Exact causal attention; returns out [total_q, Hq, D] in q's dtype."""
     out = _new_out(q)
     _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, None, True, validate_metadata, out, None)
+                    max_seqlen_k, softmax_scale, None, validate_metadata, out, None)
     return out
 
 
