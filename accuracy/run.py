@@ -40,6 +40,7 @@ def parse_args(argv=None):
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     p.add_argument("--needles", type=int, default=108, help="needle prompts per length")
     p.add_argument("--windows", type=int, default=2, help="text windows per text and length")
+    p.add_argument("--texts", nargs="+", default=["kjv", "code"], help="texts of the windows")
     p.add_argument("--alphas", type=float, nargs="*", default=[0.1],
                    help="flashprefill configurations (0: every block, the library's floor)")
     p.add_argument("--block-sizes", type=int, nargs="+", default=[128])
@@ -53,6 +54,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--batch", type=int, default=1, help="prompts per forward")
+    p.add_argument("--mix-kinds", action="store_true",
+                   help="batch prompts of different kinds together (every prompt of a batch "
+                        "then decodes as many tokens as the longest answer needs)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds: start no new batch after this")
     p.add_argument("--out", required=True, help="JSON lines file (appended)")
@@ -73,10 +77,12 @@ def configurations(args, recorder):
     return out
 
 
-def batches(prompts, size):
-    """Prompts grouped by kind (one answer length a batch), then in chunks of `size`."""
-    for kind in ["text", *tasks.KINDS]:
-        group = [p for p in prompts if p.kind == kind]
+def batches(prompts, size, mix_kinds=False):
+    """Prompts in chunks of `size`, grouped by kind first (one answer length a batch) unless
+    mix_kinds."""
+    groups = [prompts] if mix_kinds else [[p for p in prompts if p.kind == kind]
+                                          for kind in ["text", *tasks.KINDS]]
+    for group in groups:
         for i in range(0, len(group), size):
             yield group[i:i + size]
 
@@ -138,10 +144,10 @@ def main(argv=None):
     # still covers every length
     per_length = []
     for length in args.lengths:
-        selected = tasks.select(prompts, length, args.needles, args.windows)
+        selected = tasks.select(prompts, length, args.needles, args.windows, args.texts)
         if not selected:
             raise SystemExit(f"no prompts of length {length} in {args.prompts}")
-        per_length.append([(length, b) for b in batches(selected, args.batch)])
+        per_length.append([(length, b) for b in batches(selected, args.batch, args.mix_kinds)])
     jobs = [job for group in itertools.zip_longest(*per_length) for job in group if job]
     started = time.time()
     for length, batch in jobs:

@@ -1,11 +1,11 @@
 """Torch variants of flashprefill's block selection, to measure what the selection *rule* costs.
 
-Not the library, and nothing here changes it: `--backend tv-<rule>` runs the model with one of these
-rules in every layer (float32, on the GPU) so that rules can be compared at equal density. Every
-rule keeps the library's structure of docs/ALGORITHM.md — 128-row query tiles, whole `block_size`
+Not the library, and nothing here changes it: `run.py --rules <rule>` runs the model with one of
+these rules in every layer (float32, on the CPU or the GPU) so that rules can be compared at equal
+density. Every rule keeps the library's structure of docs/ALGORITHM.md — 128-row query tiles, whole `block_size`
 blocks, the forced sink / window / diagonal / recent blocks, the threshold `E_J >= alpha * max E`
 and the Eq. 6 mean correction of unselected fully visible blocks — and differs only in the energy
-`E_J` the threshold is applied to:
+`E_J` the threshold is applied to, or in the threshold:
 
 | rule | tile rows | E_J |
 | --- | --- | --- |
@@ -25,8 +25,8 @@ with x_rJ = q_r . k_mean_J * scale. Statistics: `density` counts 64-key tiles li
 (selected / causal tiles of the tile grid); `pair_density` counts the causal (query row, key) pairs
 computed, comparable across rules whose tile grids differ (`perhead`).
 
-`prefill(..., rule="paper")` reproduces sparse_reference.prefill (the numpy model of the contract);
-accuracy/device_smoke.py checks that on the device.
+`prefill(..., rule="paper")` reproduces sparse_reference.prefill (the numpy model of the contract):
+test_accuracy_units.py checks that on the CPU and, where there is one, on the GPU.
 """
 
 from __future__ import annotations

@@ -160,11 +160,11 @@ def load_pack(path: str) -> list[Prompt]:
     return out
 
 
-def select(prompts, length: int, needles: int, windows: int) -> list[Prompt]:
-    """The first `needles` needle prompts and `windows` windows of each text at `length`."""
+def select(prompts, length: int, needles: int, windows: int, texts=("code", "kjv")) -> list[Prompt]:
+    """The first `needles` needle prompts and `windows` windows of each of `texts` at `length`."""
     at = [p for p in prompts if len(p.tokens) == length]
     picked = [p for p in at if p.kind != "text"][:needles]
-    for text in sorted({p.name.split("/")[1] for p in at if p.kind == "text"}):
+    for text in sorted(texts):
         picked += [p for p in at if p.name.startswith(f"text/{text}/")][:windows]
     return picked
 
