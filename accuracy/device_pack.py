@@ -1,15 +1,11 @@
-"""Packs the model and the token ids so they can travel to the device machine.
+"""Packs the model and the token ids for a GPU machine that lacks the model package, the GGUF
+reader or the corpora (accuracy/device_run.sh runs the study from such a pack).
 
-The device tool carries at most 64 MiB of working tree per call, and the GGUF is 94 MiB. The pack
-keeps every tensor in its original quantized bytes (Q4_1 / Q8_0 / F32, dequantized on arrival by the
-same code as the GGUF path, so the weights are bit-identical) and splits them into parts of at most
-PART_BYTES:
+The pack keeps every tensor in its original quantized bytes (Q4_1 / Q8_0 / F32, dequantized on
+arrival by the same code as the GGUF path, so the weights are bit-identical) and splits them into
+files of at most PART_BYTES, which copy easily:
 
     accuracy/.device/part0.npz  part1.npz   (+ tokens.npz: the corpora as token ids)
-
-The parts travel in two device calls made while the machine is still warm; the first parks part 0
-outside the repo there (an ignored folder that a call does not carry is removed on the device):
-accuracy/device_stage.sh stages both calls and accuracy/device_run.sh is the second call's command.
 
     python3 accuracy/device_pack.py            # writes accuracy/.device/
 """
@@ -79,7 +75,7 @@ def load_pack(pack_dir: str):
     weights = {}
     for name, info in meta["tensors"].items():
         if name not in files:
-            raise FileNotFoundError(f"{name} missing: carry every part{info['part']}.npz of the pack")
+            raise FileNotFoundError(f"{name} missing: copy every part{info['part']}.npz of the pack")
         raw = files[name]
         if info["type"] == "Q4_1":
             w = dequantize_q4_1(raw, info["n"])

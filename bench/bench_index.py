@@ -7,9 +7,12 @@ stream) and timed two ways with CUDA events: eager calls and replays of a captur
 The baselines, run in the same process on the same inputs: SDPA with the cuDNN backend and with
 the FLASH backend (K/V expanded to 32 heads). Every timing is common.median_ms: the median of
 event-timed calls queued back to back after at least a second of the same calls (the GPU's
-steady state). Prints a table; writes JSON to --json.
+steady state). Prints a table; writes the rows to --json and the run's results file (command,
+date, machine, commit, rows) into --results. --device cpu runs the library's CPU reference
+without the graph replay and the CUDA baselines (a smoke run of the code paths).
 
 Usage: python3 bench/bench_index.py [--lib build/libflashprefill.so] [--lengths 8192,...]
+                                    [--json rows.json] [--results bench/results] [--device cpu]
 """
 
 import argparse
@@ -21,10 +24,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
+import common
 from common import median_ms, Problem, SelectConfig, Index, IndexSizes
 
 
-FP_DEVICE_CUDA, FP_BFLOAT16, FP_KV_CONTIGUOUS = 1, 1, 0
+FP_DEVICE_CPU, FP_DEVICE_CUDA, FP_BFLOAT16, FP_KV_CONTIGUOUS = 0, 1, 1, 0
 
 
 def load(path):
@@ -41,14 +45,15 @@ def check(lib, status, what):
 
 
 def bench_length(lib, length, hq=32, hkv=8, d=128, reps=20):
-    dev = torch.device("cuda")
+    on_cuda = common.DEVICE == "cuda"
+    dev = torch.device(common.DEVICE)
     q = torch.randn(length, hq, d, device=dev, dtype=torch.bfloat16)
     k = torch.randn(length, hkv, d, device=dev, dtype=torch.bfloat16)
     v = torch.randn(length, hkv, d, device=dev, dtype=torch.bfloat16)
     cu = torch.tensor([0, length], device=dev, dtype=torch.int32)
 
     p = Problem()
-    p.device, p.dtype, p.batch_size = FP_DEVICE_CUDA, FP_BFLOAT16, 1
+    p.device, p.dtype, p.batch_size = (FP_DEVICE_CUDA if on_cuda else FP_DEVICE_CPU), FP_BFLOAT16, 1
     p.num_heads_q, p.num_heads_kv, p.head_dim = hq, hkv, d
     p.q, p.q_stride_token, p.q_stride_head = q.data_ptr(), q.stride(0), q.stride(1)
     p.total_q, p.cu_seqlens_q, p.max_seqlen_q = length, cu.data_ptr(), length
@@ -73,7 +78,8 @@ def bench_length(lib, length, hq=32, hkv=8, d=128, reps=20):
                   sizes.idx_capacity)
 
     def build(config=cfg):
-        p.stream = torch.cuda.current_stream().cuda_stream
+        if on_cuda:
+            p.stream = torch.cuda.current_stream().cuda_stream
         check(lib, lib.fp_build_index(ctypes.byref(p), ctypes.byref(config), ctypes.byref(index),
                                       ctypes.c_void_p(ws.data_ptr()),
                                       ctypes.c_size_t(ws_bytes.value)), "build_index")
@@ -85,20 +91,23 @@ def bench_length(lib, length, hq=32, hkv=8, d=128, reps=20):
     for name, changed in (("no_scoring", SelectConfig(128, 0.0, 256, 512, 1, 1)),
                           ("no_v_pool", SelectConfig(128, 0.1, 256, 512, 1, 0))):
         variants[name] = median_ms(lambda: build(changed), 3, reps)
-    torch.cuda.synchronize()
+    if on_cuda:
+        torch.cuda.synchronize()
     selected = int(cu_out[-1].item())
     tiles = sizes.max_q_tiles
     causal = sum(min((((i + 1) * 128 - 1) // (hq // hkv)) // 64 + 1, (length + 63) // 64)
                  for i in range(tiles)) * hkv
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        build()
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        build()
-    replay = median_ms(graph.replay, 3, reps)
+    replay = None
+    if on_cuda:
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            build()
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            build()
+        replay = median_ms(graph.replay, 3, reps)
 
     qt = q.unsqueeze(0).transpose(1, 2).contiguous()
     kt = k.unsqueeze(0).transpose(1, 2).repeat_interleave(hq // hkv, dim=1).contiguous()
@@ -112,14 +121,15 @@ def bench_length(lib, length, hq=32, hkv=8, d=128, reps=20):
                     lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=True), 2,
                     dense_reps)
         except RuntimeError as err:  # a backend that refuses the shape is reported, not fatal
-            print(f"L={length}: SDPA {name} failed: {err}", flush=True)
-            baselines[name] = float("nan")
+            print(f"L={length}: SDPA {name} failed: {str(err).splitlines()[0][:120]}", flush=True)
+            baselines[name] = None
     flops = 4.0 * hq * d * length * (length + 1) / 2
+    cudnn = baselines["cudnn"]
     return {
-        "L": length, "index_eager_ms": eager, "index_graph_ms": replay,
-        "cudnn_ms": baselines["cudnn"], "flash_ms": baselines["flash"],
-        "cudnn_tflops": flops / baselines["cudnn"] / 1e9,
-        "ratio_vs_cudnn": replay / baselines["cudnn"],
+        "row": "index", "L": length, "index_eager_ms": eager, "index_graph_ms": replay,
+        "cudnn_ms": cudnn, "flash_ms": baselines["flash"],
+        "cudnn_tflops": None if cudnn is None else flops / cudnn / 1e9,
+        "ratio_vs_cudnn": None if cudnn is None or replay is None else replay / cudnn,
         "density": selected / causal,
         "index_no_scoring_ms": variants["no_scoring"], "index_no_v_pool_ms": variants["no_v_pool"],
     }
@@ -129,28 +139,46 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--lib", default="build/libflashprefill.so")
     parser.add_argument("--lengths", default="8192,16384,32768,65536,131072")
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--json", default=None, help="write the rows alone to this file")
+    parser.add_argument("--results", default=None, metavar="DIR",
+                        help="write the run's results file into DIR, e.g. bench/results")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = parser.parse_args()
+    started = common.utc_now()
+    common.DEVICE = args.device
+    common.load_package(args.lib)
     lib = load(args.lib)
     torch.seed()
-    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+    print(f"device: {common.machine()}, torch {torch.__version__}, "
           f"cudnn {torch.backends.cudnn.version()}", flush=True)
     rows = []
+    results = common.ResultsFile(args.results, "index", started) if args.results else None
     for length in (int(x) for x in args.lengths.split(",")):
         rows.append(bench_length(lib, length))
+        if results:
+            results.write(rows)
         print(json.dumps(rows[-1]), flush=True)
-        torch.cuda.empty_cache()
+        if common.DEVICE == "cuda":
+            torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if results:
+        print("results:", results.write(rows, complete=True))
     print(f"{'L':>7} {'index eager':>12} {'index graph':>12} {'no scoring':>11} {'no V pool':>10} "
           f"{'cuDNN dense':>12} {'FA dense':>10} {'cuDNN TF/s':>10} {'index/cuDNN':>11} "
           f"{'density':>8}")
+
+    def ms(value, width, digits):
+        return f"{'-':>{width}}" if value is None else f"{value:>{width - 2}.{digits}f}ms"
+
     for r in rows:
-        print(f"{r['L']:>7} {r['index_eager_ms']:>10.3f}ms {r['index_graph_ms']:>10.3f}ms "
-              f"{r['index_no_scoring_ms']:>9.3f}ms {r['index_no_v_pool_ms']:>8.3f}ms "
-              f"{r['cudnn_ms']:>10.2f}ms {r['flash_ms']:>8.2f}ms {r['cudnn_tflops']:>10.0f} "
-              f"{100 * r['ratio_vs_cudnn']:>10.2f}% {r['density']:>8.3f}")
+        ratio, tf = r["ratio_vs_cudnn"], r["cudnn_tflops"]
+        print(f"{r['L']:>7} {ms(r['index_eager_ms'], 12, 3)} {ms(r['index_graph_ms'], 12, 3)} "
+              f"{ms(r['index_no_scoring_ms'], 11, 3)} {ms(r['index_no_v_pool_ms'], 10, 3)} "
+              f"{ms(r['cudnn_ms'], 12, 2)} {ms(r['flash_ms'], 10, 2)} "
+              f"{'-' if tf is None else f'{tf:.0f}':>10} "
+              f"{'-' if ratio is None else f'{100 * ratio:.2f}%':>11} {r['density']:>8.3f}")
     return 0
 
 

@@ -1,25 +1,59 @@
-"""What the benchmarks share: the package's ctypes mirrors of the C ABI
-(python/flashprefill/_abi.py), loaded by path so that a benchmark uses them without importing the
-package, which loads a library of its own choosing (each benchmark loads the one --lib names),
-and the CUDA-event timer."""
+"""What the benchmarks share: the package (flashprefill, on the library that --lib names), the
+ctypes mirrors of the C ABI it defines, the steady-state timer, and the results file of a run.
+
+The timed calls go straight through ctypes to the library under test: a run may time several
+builds of the library in one process (tools/compare_builds.py), and the time of a call must be the
+library's alone, not the package's per-call checks. Everything else (block-mask indexes, pooled
+means) comes from the package.
+"""
 
 import ctypes
+import datetime
 import importlib.util
+import json
 import math
 import os
 import pathlib
+import platform
+import re
+import shlex
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
 
-_PATH = pathlib.Path(__file__).resolve().parents[1] / "python" / "flashprefill" / "_abi.py"
-_spec = importlib.util.spec_from_file_location("flashprefill_abi", _PATH)
-_abi = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_abi)
+REPO = pathlib.Path(__file__).resolve().parents[1]
+fp = None  # the flashprefill package, once load_package() has run
+DEVICE = "cuda"  # where the benchmark runs; "cpu" makes the timers plain wall-clock ones
 
+
+def load_package(lib_path):
+    """Imports flashprefill on the library at lib_path (FLASHPREFILL_LIB), the repository's own
+    python/ first, and returns the package."""
+    global fp
+    os.environ["FLASHPREFILL_LIB"] = str(pathlib.Path(lib_path).resolve())
+    if (REPO / "python" / "flashprefill").is_dir():
+        sys.path.insert(0, str(REPO / "python"))
+    import flashprefill
+    fp = flashprefill
+    return fp
+
+
+def _struct_mirrors():
+    """The package's _abi.py (ctypes mirrors of the C structs), loaded by path: it loads no
+    library, so the mirrors are there before load_package() has picked one."""
+    path = REPO / "python" / "flashprefill" / "_abi.py"
+    spec = importlib.util.spec_from_file_location("flashprefill_abi", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_mirrors = _struct_mirrors()
 Problem, SelectConfig, Index, IndexSizes, Output = (
-    _abi.Problem, _abi.SelectConfig, _abi.Index, _abi.IndexSizes, _abi.Output)
+    _mirrors.Problem, _mirrors.SelectConfig, _mirrors.Index, _mirrors.IndexSizes, _mirrors.Output)
 
 
 last_clock_mhz = None  # the SM clock sampled during median_ms's timed calls (None: unknown)
@@ -55,7 +89,7 @@ def median_ms(fn, warmup=3, reps=None, warmup_ms=1000.0, timed_ms=300.0):
        The H200 runs at its power limit (~690 W) under attention, and its SM clock follows the
        limiter's running average of the power (a ~1 s window): a call timed within a second of
        an idle or lighter stretch (a benchmark's setup, FlexAttention) runs at a higher clock
-       than it keeps (docs/PERF.md, "Steady-state timing").
+       than it keeps (docs/PERF.md, "How times are taken").
     2. Timing: `reps` calls (default: enough for `timed_ms` milliseconds, 15 to 400), each
        between its own pair of events, queued without synchronizing in between, so that the
        host's launch work for a call overlaps the previous call on the GPU (as in a serving
@@ -63,6 +97,8 @@ def median_ms(fn, warmup=3, reps=None, warmup_ms=1000.0, timed_ms=300.0):
        still pays for it. The median over a few hundred milliseconds evens out the clock's
        moves under the limiter.
     """
+    if DEVICE != "cuda":
+        return _host_median_ms(fn, warmup, reps)
     torch.cuda.synchronize()
     start = time.perf_counter()
     done = 0
@@ -87,10 +123,25 @@ def median_ms(fn, warmup=3, reps=None, warmup_ms=1000.0, timed_ms=300.0):
     return statistics.median(begin.elapsed_time(end) for begin, end in events)
 
 
+def _host_median_ms(fn, warmup, reps):
+    """median_ms on the CPU (a smoke run of the benchmark's code paths): wall-clock times of a
+    few calls, no steady-state warm-up."""
+    for _ in range(min(warmup, 1)):
+        fn()
+    times = []
+    for _ in range(min(reps or 3, 3)):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
 def latency_ms(fn, warmup=3, reps=15):
     """Median milliseconds of fn() called on an idle GPU: each call between a pair of events and
-    followed by a synchronization, so the host's launch work is on the clock. This was
-    median_ms's method before 2026-11-30's steady-state timing; kept for the latency column."""
+    followed by a synchronization, so the host's launch work is on the clock (the latency
+    column of the sparse rows)."""
+    if DEVICE != "cuda":
+        return _host_median_ms(fn, warmup, reps)
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -103,3 +154,59 @@ def latency_ms(fn, warmup=3, reps=15):
         end.synchronize()
         times.append(begin.elapsed_time(end))
     return statistics.median(times)
+
+
+def _git(*args):
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def machine():
+    """What the run ran on: the GPU's name, or the CPU's."""
+    if DEVICE == "cuda":
+        return torch.cuda.get_device_name()
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+class ResultsFile:
+    """One run's results file, DIRECTORY/<date>-<machine>-<bench>.json: the exact command, the
+    date, the machine, the commit (git, else $FP_COMMIT, else "unknown") and every row.
+    write(rows) rewrites it whole, so a run stopped part way (a time limit) leaves the rows it
+    measured. bench/report.py renders docs/PERF.md from these files."""
+
+    def __init__(self, directory, bench, started):
+        self.record = {
+            "bench": bench,
+            "command": shlex.join(["python3", os.path.relpath(sys.argv[0], REPO)] + sys.argv[1:]),
+            "date": started.isoformat(timespec="seconds"),
+            "machine": machine(),
+            "commit": _git("rev-parse", "HEAD") or os.environ.get("FP_COMMIT") or "unknown",
+            "tree": None,
+            "library": fp.version() if fp is not None else None,
+            "torch": torch.__version__,
+            "complete": False,
+            "rows": [],
+        }
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        if status is not None:
+            self.record["tree"] = "modified" if status else "clean"
+        slug = re.sub(r"[^a-z0-9]+", "-", self.record["machine"].lower()).strip("-")[:40]
+        self.path = (pathlib.Path(directory) /
+                     f"{started.strftime('%Y-%m-%dT%H%MZ')}-{slug}-{bench}.json")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, rows, complete=False):
+        self.record["rows"] = rows
+        self.record["complete"] = complete
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record, indent=1) + "\n")
+        tmp.replace(self.path)
+        return self.path
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc)

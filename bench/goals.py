@@ -1,4 +1,4 @@
-"""The attention operator's goals (issue 4) checked against one run of bench_attention.py.
+"""The attention operator's goals checked against one run of bench_attention.py.
 
 Reads the --json file the benchmark wrote and prints one line per goal row: the measured value,
 the goal and whether this run met it. Rows the run did not produce (a skipped group, a failed
@@ -24,7 +24,7 @@ def _number(row, key):
 
 
 def goal_rows(rows):
-    """[(name, value or None, goal text, met: True / False / None)] for every goal the issue sets."""
+    """[(name, value or None, goal text, met: True / False / None)] for every goal of the operator."""
     out = []
 
     def add(name, value, goal, ok):

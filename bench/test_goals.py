@@ -26,7 +26,7 @@ def by_name(goals):
     return {name: (value, met) for name, value, _, met in goals}
 
 
-def test_thresholds_are_inclusive_where_the_issue_says_so():
+def test_thresholds_are_inclusive_where_the_goals_say_so():
     g = by_name(goal_rows(ROWS))
     assert g["dense 8192: ours / cuDNN throughput"] == (1.055, True)
     assert g["dense 32768: ours / cuDNN throughput"] == (0.99, False)

@@ -11,23 +11,31 @@ Arrays are numpy (CPU; float32, float16, and bfloat16 through ml_dtypes) or torc
 CUDA; float32, bfloat16, float16). api.py states the shared conventions (layouts, varlen
 metadata, causal alignment, places); each call's docstring states its tensors.
 
-Hugging Face transformers: `import flashprefill.hf; flashprefill.hf.register()`, then
-attn_implementation="flashprefill" (hf.py; needs torch and transformers, imported only there).
+Plan/run for serving engines (plan.py): `plan = fp.Plan(...)` once per forward from the batch's
+metadata, `plan.run(q, k, v)` per layer with the least host work.
 
-The shared library is found through FLASHPREFILL_LIB, else build/libflashprefill.so of the
-repository this package sits in, else the system library path.
+torch custom ops: `import flashprefill.torch` registers torch.ops.flashprefill.* (prefill,
+dense_attention, build_index, pool_kv, sparse_attention and their out-variants), which work
+under torch.compile and CUDA graphs (torch.py).
+
+Hugging Face transformers: `import flashprefill.hf; flashprefill.hf.register()`, then
+attn_implementation="sparse_prefill" (hf.py; needs torch and transformers, imported only there).
+
+The shared library is found through FLASHPREFILL_LIB, else inside the installed package, else
+build/libflashprefill.so of the repository this package sits in, else the system library path.
 """
 
 from ._index import Index, IndexSizes, SelectConfig
 from ._lib import KV_TILE, TILE_ROWS, FlashPrefillError, Status, version
 from ._problem import PagedKV
+from .plan import Plan
 from .api import (build_index, cuda_available, dense_attention, index_sizes, pool_kv, prefill,
                   sparse_attention)
 
 __version__ = version()
 
 __all__ = [
-    "FlashPrefillError", "Index", "IndexSizes", "KV_TILE", "PagedKV", "SelectConfig", "Status",
+    "FlashPrefillError", "Index", "IndexSizes", "KV_TILE", "PagedKV", "Plan", "SelectConfig", "Status",
     "TILE_ROWS", "build_index", "cuda_available", "dense_attention", "index_sizes", "pool_kv",
     "prefill", "sparse_attention",
 ]

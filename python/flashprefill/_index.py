@@ -103,6 +103,81 @@ class Index:
         self.config = config
         self._problem = None
 
+    @classmethod
+    def from_block_mask(cls, mask, q, k, v=None, config=None, cu_seqlens_q=None,
+                        cu_seqlens_k=None, *, max_seqlen_q=None, max_seqlen_k=None,
+                        means=None):
+        """An Index that lists the 64-token tiles of the blocks a block mask selects.
+
+        Args:
+            mask: bool [B, Hkv, ceil(max_seqlen_q / 128), ceil(max_seqlen_k / block_size)]
+                (or [Hkv, ...] for one request), numpy or torch; mask[b, h, i, J] means that
+                queries 128 i .. 128 i + 127 of request b (counted from its first query) read
+                KV block J (keys J * block_size ..) through KV head h. Causality is applied
+                here: a query tile lists only the tiles it causally reaches (docs/ALGORITHM.md
+                "the CSR index"), so entries above the diagonal and past a request's length
+                are ignored. Every PackGQA query tile lies inside one 128-query block, so each
+                query reads exactly its block's row of the mask.
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k: the problem the
+                index is for, as for build_index (k may be a PagedKV).
+            config: a SelectConfig; its block_size sets the KV block of the mask and the
+                layout of the means, its mean_correction whether sparse_attention adds the
+                surrogate keys of the skipped blocks. None means SelectConfig().
+            means: (k_mean, v_mean) already pooled for this problem (pool_kv); None pools
+                them here with the library (v_mean only with mean correction).
+
+        Returns:
+            An Index in q's place; its density() is the selected share of the causal tiles.
+            Builds the CSR with the mask's array library; a torch mask is moved to q's device.
+        """
+        from . import api
+        from ._problem import build_problem
+        config = SelectConfig() if config is None else config
+        problem = build_problem(q, k, v, None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_k, validate_metadata=False)
+        c = problem.c
+        sizes = query_sizes(problem, config)
+        lengths_q, lengths_k = _request_lengths(q, k, cu_seqlens_q, cu_seqlens_k)
+        group = c.num_heads_q // c.num_heads_kv
+        num_q_blocks = -(-c.max_seqlen_q // _lib.TILE_ROWS)
+        expected = (c.batch_size, c.num_heads_kv, num_q_blocks, sizes.max_blocks)
+        xp, mask = _mask_in_place(mask, problem.q)
+        if len(mask.shape) == 3 and c.batch_size == 1:
+            mask = mask[None]
+        if tuple(mask.shape) != expected:
+            raise ValueError(f"mask: expected shape {list(expected)} = [B, Hkv, "
+                             f"ceil(max_seqlen_q / {_lib.TILE_ROWS}), ceil(max_seqlen_k / "
+                             f"block_size)] (or without B for one request), got "
+                             f"{list(mask.shape)}")
+        # Tile I of request b (PackGQA rows 128 I ..) reads query block I // g and reaches the
+        # tiles t < T_c(I) = pmax(I) / 64 + 1; tile t belongs to KV block t / (block_size / 64).
+        tiles = np.arange(sizes.max_q_tiles)
+        rows_end = np.minimum((tiles[None, :] + 1) * _lib.TILE_ROWS, group * lengths_q[:, None])
+        pmax = (lengths_k - lengths_q)[:, None] + (rows_end - 1) // group
+        in_request = tiles[None, :] < -(-group * lengths_q[:, None] // _lib.TILE_ROWS)
+        reach = np.where(in_request, pmax // _lib.KV_TILE + 1, 0)
+        kv_tiles = np.arange(-(-c.max_seqlen_k // _lib.KV_TILE))
+        place = _placer(xp, mask)
+        selected = mask[:, :, place(tiles // group)][:, :, :, place(
+            kv_tiles // (config.block_size // _lib.KV_TILE))]
+        selected = selected & (place(kv_tiles)[None, None, None, :] < place(reach)[:, None, :, None])
+        selected = selected.reshape(sizes.num_segments, len(kv_tiles))
+        cu = _arrays.empty(problem.q, (sizes.num_segments + 1,), "int32")
+        cu[0] = 0
+        cu[1:] = xp.cumsum(selected.sum(-1), 0)
+        ids = xp.where(selected)[1]
+        idx = _arrays.empty(problem.q, (max(len(ids), 1),), "int32")
+        idx[:len(ids)] = ids
+        if len(ids) == 0:
+            idx[0] = 0
+        if means is None:
+            means = api.pool_kv(q, k, v, config, cu_seqlens_q=cu_seqlens_q,
+                                cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                max_seqlen_k=max_seqlen_k, validate_metadata=False)
+        index = cls(cu, idx, means[0], means[1] if config.mean_correction else None, config)
+        index._problem = problem
+        return index
+
     def segment(self, b, h, tile):
         """The tile ids of query tile `tile` of request b and KV head h (a view of idx)."""
         batch, num_heads_kv = self.k_mean.shape[0], self.k_mean.shape[1]
@@ -126,6 +201,43 @@ class Index:
             _lib.call("fp_index_density", ctypes.byref(self._problem.c), ctypes.byref(c_config),
                       ctypes.byref(c_index), ctypes.byref(density))
         return density.value
+
+
+def _request_lengths(q, k, cu_seqlens_q, cu_seqlens_k):
+    """(L_q, L_kv) of every request as int64 numpy arrays, from the call's metadata (read back
+    to the host: a synchronization when it is on CUDA)."""
+    from ._problem import PagedKV
+
+    def host(value, default):
+        value = default if value is None else value
+        if _arrays.is_torch(value):
+            value = value.cpu().numpy()
+        return np.asarray(value).astype(np.int64)
+
+    lengths_q = np.diff(host(cu_seqlens_q, [0, q.shape[0]]))
+    if isinstance(k, PagedKV):
+        lengths_k = host(k.seqlens_k, None)
+    else:
+        lengths_k = np.diff(host(cu_seqlens_k, [0, k.shape[0]]))
+    return lengths_q, lengths_k
+
+
+def _mask_in_place(mask, q):
+    """(array module, mask as bool) with the mask in q's place: a numpy array for numpy q, a
+    torch tensor on q's device otherwise."""
+    if q.device is None:
+        if _arrays.is_torch(mask):
+            mask = mask.cpu().numpy()
+        return np, np.asarray(mask).astype(bool, copy=False)
+    torch = _arrays._torch()
+    return torch, torch.as_tensor(mask, device=q.device).to(torch.bool)
+
+
+def _placer(xp, like):
+    """Turns a numpy integer array into an index array of like's array module and device."""
+    if xp is np:
+        return lambda a: a
+    return lambda a: xp.as_tensor(a, device=like.device)
 
 
 def index_struct(index, problem):

@@ -14,8 +14,8 @@ from ._abi import (  # noqa: F401 - re-exported for the package
     VERSION, TILE_ROWS, KV_TILE, FLAG_VALIDATE_DEVICE_METADATA, FLAG_MEANS_POOLED,
     Status, DType, Device, KvLayout, _c_enum, Problem, SelectConfig, Index, IndexSizes, Output)
 
-_SETUP_HINT = ("build it with `bash scripts/setup.sh` (it writes build/libflashprefill.so), or "
-               "set FLASHPREFILL_LIB to the path of libflashprefill.so")
+_SETUP_HINT = ("install the package with `pip install .` from the repository (or `bash "
+               "scripts/setup.sh`), or set FLASHPREFILL_LIB to the path of libflashprefill.so")
 
 
 class FlashPrefillError(RuntimeError):
@@ -66,14 +66,18 @@ _PROTOTYPES = {
 
 
 def _candidates():
-    """(where, path) pairs in search order: FLASHPREFILL_LIB, the repo's build/, the system."""
+    """(where, path) pairs in search order: FLASHPREFILL_LIB, the installed package's own library,
+    the build/ of the repository this package sits in, the system library path."""
     env = os.environ.get("FLASHPREFILL_LIB")
     if env:
         return [("FLASHPREFILL_LIB", env)]
     found = []
-    local = pathlib.Path(__file__).resolve().parents[2] / "build" / "libflashprefill.so"
-    if local.is_file():
-        found.append(("the repository build", str(local)))
+    here = pathlib.Path(__file__).resolve().parent
+    for where, local in (("the installed package", here / "libflashprefill.so"),
+                         ("the repository build", here.parents[1] / "build" /
+                          "libflashprefill.so")):
+        if local.is_file():
+            found.append((where, str(local)))
     system = ctypes.util.find_library("flashprefill")
     if system:
         found.append(("the system library path", system))
@@ -84,8 +88,8 @@ def _load():
     candidates = _candidates()
     if not candidates:
         raise ImportError("flashprefill: libflashprefill.so not found (FLASHPREFILL_LIB is unset, "
-                          "there is no build/libflashprefill.so beside the package, and the "
-                          f"system library path has none); {_SETUP_HINT}")
+                          "the package holds none, there is no build/libflashprefill.so beside "
+                          f"it, and the system library path has none); {_SETUP_HINT}")
     where, path = candidates[0]
     try:
         lib = ctypes.CDLL(path)

@@ -16,7 +16,7 @@ class PagedKV:
 
     Key j of request b is row j % page_size of page page_table[b, j // page_size] (Eq. 22).
 
-    Speed on CUDA (H200, bf16, D = 128, dense 32K; docs/PERF.md, seventeenth session): caches
+    Speed on CUDA (H200, bf16, D = 128, dense 32K; docs/PERF.md, "Paged KV"): caches
     whose page stride is page_size token strides (pages back to back, as in a contiguous
     [num_pages, page_size, Hkv, D] tensor) with pages of a multiple of 16 keys are read by TMA:
     1.02-1.05x the contiguous time at 128 keys per page; at 64 keys 1.02-1.04x with a request's

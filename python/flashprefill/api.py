@@ -88,6 +88,12 @@ def _build_index(problem, config, means=None):
     index = Index(cu=_arrays.empty(q, (sizes.num_segments + 1,), "int32"),
                   idx=_arrays.empty(q, (sizes.idx_capacity,), "int32"),
                   k_mean=means[0], v_mean=means[1], config=config)
+    _run_build_index(problem, config, index)
+    return index
+
+
+def _run_build_index(problem, config, index):
+    """fp_build_index of a BuiltProblem into the buffers of `index`."""
     c_index = index_struct(index, problem)
     c_config = config.to_c()
     workspace = _workspace(problem, "fp_build_index_workspace_size", ctypes.byref(c_config))
@@ -95,7 +101,6 @@ def _build_index(problem, config, means=None):
         _lib.call("fp_build_index", ctypes.byref(problem.c), ctypes.byref(c_config),
                   ctypes.byref(c_index), workspace.ptr, workspace.nbytes)
     index._problem = problem
-    return index
 
 
 def _sparse_attention(problem, index, out, return_lse):

@@ -1,8 +1,8 @@
 """Hugging Face transformers attention backend: FlashPrefill V2 prefill, dense decode.
 
     import flashprefill.hf
-    flashprefill.hf.register()                     # attn_implementation "flashprefill"
-    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="flashprefill")
+    flashprefill.hf.register()                     # attn_implementation "sparse_prefill"
+    model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="sparse_prefill")
 
 Every causal self-attention call of the model goes through the library: a call with more than
 one query per request runs `flashprefill.prefill` (index stage, block-sparse attention, mean
@@ -36,12 +36,20 @@ _UNSUPPORTED = {
 }
 
 
-def register(name="flashprefill", *, alpha=0.1, block_size=128, sink_tokens=256,
+def register(name="sparse_prefill", *, alpha=0.1, block_size=128, sink_tokens=256,
              window_tokens=512, dense_recent_tiles=1, mean_correction=True):
     """Registers the backend under `name` with transformers' attention and mask interfaces.
 
     The selection arguments are prefill's (help(flashprefill.prefill)); alpha = 0 makes every
-    call exact. Returns the attention function that was registered."""
+    call exact. Returns the attention function that was registered.
+
+    The name may not contain "flash": transformers takes any such attn_implementation for a
+    FlashAttention kernel to fetch from the Hugging Face hub (from_pretrained and
+    set_attn_implementation then fail)."""
+    if "flash" in name:
+        raise ValueError(f"flashprefill.hf.register: the name {name!r} contains 'flash', which "
+                         f"transformers reserves for FlashAttention kernels from the hub; choose "
+                         f"another (the default is 'sparse_prefill')")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 

@@ -12,8 +12,8 @@ transformers = pytest.importorskip("transformers")
 import flashprefill as fp  # noqa: E402
 import flashprefill.hf as fph  # noqa: E402
 
-EXACT = "flashprefill_exact_test"
-SPARSE = "flashprefill_sparse_test"
+EXACT = "sparse_prefill_exact_test"
+SPARSE = "sparse_prefill_test"
 fph.register(EXACT, alpha=0.0)
 fph.register(SPARSE, sink_tokens=64, window_tokens=64, block_size=64)
 
@@ -158,3 +158,8 @@ def test_unsupported_features_raise():
         fph.attention_forward(Module(), q[:, :, :2], kv, kv, mask)
     with pytest.raises(ValueError, match="queries against"):
         fph.attention_forward(Module(), torch.zeros(1, 4, 9, 64), kv, kv, None)
+
+
+def test_register_refuses_names_transformers_reserves():
+    with pytest.raises(ValueError, match="contains 'flash'"):
+        fph.register("flashprefill")

@@ -121,3 +121,80 @@ def test_all_tiles_index_equals_dense(rng):
     k_mean = np.zeros((1, 2, sizes.max_blocks, 16), dtype=np.float32)
     out = fp.sparse_attention(q, k, v, fp.Index(cu, idx, k_mean, config=config))
     assert rel_l2(out, fp.dense_attention(q, k, v)) <= 1e-5
+
+
+def _mask_allowed(mask, block_size, group):
+    """reference_attention's `allowed` for a block mask [B, Hkv, query blocks, KV blocks]."""
+    def allowed(b, h, len_q, len_kv):
+        rows = mask[b, h // group][np.arange(len_q) // TILE_ROWS]
+        return rows[:, np.arange(len_kv) // block_size]
+    return allowed
+
+
+@pytest.mark.parametrize("block_size", [128, 256])
+def test_index_from_block_mask_lists_the_masks_causal_tiles(rng, block_size):
+    lens_q, lens_kv = [300, 130], [700, 130]
+    group, num_heads_kv, head_dim = 3, 2, 32
+    q, k, v = random_qkv(rng, sum(lens_q), sum(lens_kv), group * num_heads_kv, num_heads_kv,
+                         head_dim)
+    config = fp.SelectConfig(block_size=block_size, mean_correction=False)
+    cu_q, cu_k = cu_of(lens_q), cu_of(lens_kv)
+    mask = rng.random((2, num_heads_kv, -(-300 // TILE_ROWS), -(-700 // block_size))) < 0.4
+    mask[..., 0] = True  # every query sees key 0
+    index = fp.Index.from_block_mask(mask, q, k, v, config, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert index.cu.dtype == np.int32 and index.idx.dtype == np.int32
+    sizes = fp.index_sizes(q, k, v, config, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    assert index.cu.shape == (sizes.num_segments + 1,)
+    for b, (len_q, len_kv) in enumerate(zip(lens_q, lens_kv)):
+        for h in range(num_heads_kv):
+            for tile in range(sizes.max_q_tiles):
+                ids = index.segment(b, h, tile).tolist()
+                if tile >= num_q_tiles(len_q, group):
+                    assert ids == []
+                    continue
+                query_block = first_position(len_q, len_kv, group, tile) - (len_kv - len_q)
+                query_block //= TILE_ROWS
+                expected = [t for t in range(causal_tiles(len_q, len_kv, group, tile))
+                            if mask[b, h, query_block, t * KV_TILE // block_size]]
+                assert ids == expected
+    out = fp.sparse_attention(q, k, v, index, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    ref, _ = reference_attention(q, k, v, cu_q, cu_k,
+                                 allowed=_mask_allowed(mask, block_size, group))
+    assert rel_l2(out, ref) < 1e-5
+
+
+def test_index_from_a_full_block_mask_is_dense_attention_with_the_librarys_means(rng):
+    q, k, v = random_qkv(rng, 200, 450, 4, 1, 32)
+    mask = np.ones((1, -(-200 // TILE_ROWS), -(-450 // 128)), dtype=bool)  # one request: no B
+    index = fp.Index.from_block_mask(mask, q, k, v)
+    assert index.density() == 1.0
+    pooled = fp.build_index(q, k, v)
+    np.testing.assert_array_equal(index.k_mean, pooled.k_mean)
+    np.testing.assert_array_equal(index.v_mean, pooled.v_mean)
+    out = fp.sparse_attention(q, k, v, index)
+    assert rel_l2(out, fp.dense_attention(q, k, v)) < 1e-6
+
+
+def test_index_from_block_mask_torch_matches_numpy(rng):
+    torch = pytest.importorskip("torch")
+    lens_q, lens_kv = [260, 64], [600, 200]
+    q, k, v = random_qkv(rng, sum(lens_q), sum(lens_kv), 8, 2, 64)
+    mask = rng.random((2, 2, 3, 5)) < 0.5
+    config = fp.SelectConfig(block_size=128)
+    cu_q, cu_k = cu_of(lens_q), cu_of(lens_kv)
+    ref = fp.Index.from_block_mask(mask, q, k, v, config, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))
+    got = fp.Index.from_block_mask(torch.from_numpy(mask), tq, tk, tv, config,
+                                   cu_seqlens_q=torch.tensor(cu_q), cu_seqlens_k=cu_k)
+    assert isinstance(got.cu, torch.Tensor) and got.cu.dtype == torch.int32
+    np.testing.assert_array_equal(got.cu.numpy(), ref.cu)
+    np.testing.assert_array_equal(got.idx.numpy(), ref.idx)
+    out = fp.sparse_attention(tq, tk, tv, got, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    np.testing.assert_array_equal(
+        out.numpy(), fp.sparse_attention(q, k, v, ref, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
+
+
+def test_index_from_block_mask_rejects_a_mask_of_the_wrong_shape(rng):
+    q, k, v = random_qkv(rng, 200, 450, 4, 1, 32)
+    with pytest.raises(ValueError, match=r"mask: expected shape \[1, 1, 2, 4\]"):
+        fp.Index.from_block_mask(np.ones((1, 2, 3), dtype=bool), q, k, v)

@@ -2,17 +2,23 @@
 # Index stage on a GPU machine: builds libflashprefill and fp_gpu_index_check if the build folder
 # lacks them, runs the check (CPU reference vs CUDA, graph capture, incremental pooling, errors),
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on its small cases, and the
-# benchmark against torch SDPA, and prints the short tables last.
+# benchmark against torch SDPA (its results file into $FP_RESULTS_DIR, default bench/results), and
+# prints the short tables last.
 # Usage: bash scripts/gpu/10_index.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/lib/sanitize.sh
 . scripts/lib/sanitize.sh
+# shellcheck source=scripts/lib/budget.sh
+. scripts/lib/budget.sh
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
-# Every step runs under a time limit (seconds), so a hang cannot eat the whole lease.
+RESULTS_DIR=${FP_RESULTS_DIR:-bench/results}
+# Every step runs under a time limit (seconds), so a hang cannot eat the whole check; within
+# gpu_check.sh's budget the limits are cut to keep time for the steps after them.
 CHECK_LIMIT=${CHECK_LIMIT:-300}
 SANITIZER_LIMIT=${SANITIZER_LIMIT:-150}
+SANITIZER_RESERVE=400
 BENCH_LIMIT=${BENCH_LIMIT:-300}
 SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}
 
@@ -23,15 +29,16 @@ if [ ! -x "$BUILD_DIR/fp_gpu_index_check" ] || [ ! -f "$BUILD_DIR/libflashprefil
   cmake --build "$BUILD_DIR" -j "$(nproc)" --target flashprefill fp_gpu_index_check || exit 1
 fi
 
-timeout "$CHECK_LIMIT" "$BUILD_DIR/fp_gpu_index_check" 2>&1 | tee "$LOG_DIR/index_check.log"
+timeout "$(step_limit "$CHECK_LIMIT" 420)" "$BUILD_DIR/fp_gpu_index_check" 2>&1 | tee "$LOG_DIR/index_check.log"
 check=${PIPESTATUS[0]}
 if [ "$check" -eq 124 ]; then
   echo "10_index: the check timed out (a hang?); skipping the sanitizer and the benchmark"
   exit 1
 fi
 run_sanitizers index "$BUILD_DIR/fp_gpu_index_check" small || check=1
-PYTHONUNBUFFERED=1 timeout "$BENCH_LIMIT" python3 bench/bench_index.py \
-  --lib "$BUILD_DIR/libflashprefill.so" --json "$LOG_DIR/index_bench.json" 2>&1 |
+PYTHONUNBUFFERED=1 timeout "$(step_limit "$BENCH_LIMIT" 360)" python3 bench/bench_index.py \
+  --lib "$BUILD_DIR/libflashprefill.so" --json "$LOG_DIR/index_bench.json" \
+  --results "$RESULTS_DIR" 2>&1 |
   tee "$LOG_DIR/index_bench.log"
 bench=${PIPESTATUS[0]}
 

@@ -2,19 +2,25 @@
 # Attention operator on a GPU machine: builds libflashprefill and fp_gpu_attention_check if the
 # build folder lacks them, runs the check (CPU reference and float32 attention vs CUDA),
 # compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on a small case, then the
-# benchmark against torch SDPA (cuDNN, FLASH) and FlexAttention, and prints the short tables
-# last, ending with the goals (bench/goals.py).
+# benchmark against torch SDPA (cuDNN, FLASH) and FlexAttention (its results file into
+# $FP_RESULTS_DIR, default bench/results), and prints the short tables last, ending with the
+# goals (bench/goals.py).
 # Usage: bash scripts/gpu/20_attention.sh [build-dir] [check|bench|all]; logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/lib/sanitize.sh
 . scripts/lib/sanitize.sh
+# shellcheck source=scripts/lib/budget.sh
+. scripts/lib/budget.sh
 BUILD_DIR=${1:-build}
 WHAT=${2:-all}
 LOG_DIR=${OUT:-/tmp}
-# A hung kernel must not eat the whole lease: every step runs under a time limit (seconds).
+RESULTS_DIR=${FP_RESULTS_DIR:-bench/results}
+# A hung kernel must not eat the whole check: every step runs under a time limit (seconds), cut
+# within gpu_check.sh's budget to keep time for the steps after it.
 CHECK_LIMIT=${CHECK_LIMIT:-300}
 SANITIZER_LIMIT=${SANITIZER_LIMIT:-150}
+SANITIZER_RESERVE=300
 BENCH_LIMIT=${BENCH_LIMIT:-420}
 BENCH_ARGS=${BENCH_ARGS:-}
 SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}
@@ -31,7 +37,7 @@ fi
 
 status=0
 if [ "$WHAT" != bench ]; then
-  timeout "$CHECK_LIMIT" "$BUILD_DIR/fp_gpu_attention_check" 2>&1 | tee "$LOG_DIR/attention_check.log"
+  timeout "$(step_limit "$CHECK_LIMIT" 330)" "$BUILD_DIR/fp_gpu_attention_check" 2>&1 | tee "$LOG_DIR/attention_check.log"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || status=1
   if [ "$rc" -eq 124 ]; then
@@ -42,8 +48,9 @@ if [ "$WHAT" != bench ]; then
 fi
 if [ "$WHAT" != check ]; then
   # shellcheck disable=SC2086 # BENCH_ARGS is a list of options
-  PYTHONUNBUFFERED=1 timeout "$BENCH_LIMIT" python3 bench/bench_attention.py \
-    --lib "$BUILD_DIR/libflashprefill.so" --json "$LOG_DIR/attention_bench.json" $BENCH_ARGS 2>&1 |
+  PYTHONUNBUFFERED=1 timeout "$(step_limit "$BENCH_LIMIT" 60)" python3 bench/bench_attention.py \
+    --lib "$BUILD_DIR/libflashprefill.so" --json "$LOG_DIR/attention_bench.json" \
+    --results "$RESULTS_DIR" $BENCH_ARGS 2>&1 |
     tee "$LOG_DIR/attention_bench.log"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
@@ -54,7 +61,7 @@ echo "== attention check =="
 echo "== attention bench =="
 [ -f "$LOG_DIR/attention_bench.log" ] && grep "^row=" "$LOG_DIR/attention_bench.log"
 if [ "$WHAT" != check ] && [ -f "$LOG_DIR/attention_bench.json" ]; then
-  echo "== attention goals (issue 4) =="
+  echo "== attention goals =="
   python3 bench/goals.py "$LOG_DIR/attention_bench.json"
 fi
 exit $status

@@ -6,11 +6,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
+# shellcheck source=scripts/lib/budget.sh
+. scripts/lib/budget.sh
 export LD_LIBRARY_PATH=$PWD/$BUILD_DIR:${LD_LIBRARY_PATH:-}
 status=0
-timeout 120 "$BUILD_DIR/flashprefill" demo --device cuda --seqlen 32768 2>&1 | tee "$LOG_DIR/demo.log"
+timeout "$(step_limit 120 40)" "$BUILD_DIR/flashprefill" demo --device cuda --seqlen 32768 2>&1 | tee "$LOG_DIR/demo.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
-PYTHONPATH=python FLASHPREFILL_LIB=$BUILD_DIR/libflashprefill.so timeout 120 \
+PYTHONPATH=python FLASHPREFILL_LIB=$BUILD_DIR/libflashprefill.so timeout "$(step_limit 120)" \
   python3 -m pytest -q python/tests/test_torch.py 2>&1 | tee "$LOG_DIR/pytest_torch.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 exit $status

@@ -463,8 +463,8 @@ struct Mainloop {
       // The item body in three parts. Each lambda must be forced inline: ptxas otherwise
       // compiles one as a call with a 1360-byte stack frame. Written this way, ptxas orders
       // D = 64's stage loop a little differently (the same 694 instructions) and D = 64 runs
-      // 0.6-2.5 % faster than the same code in one block, for reasons not known (docs/PERF.md,
-      // thirteenth session); D = 128 is unchanged.
+      // 0.6-2.5 % faster than the same code in one block, for reasons not known; D = 128 is
+      // unchanged.
       // The first stage: its S = Q K^T, mask and softmax have no P V to overlap.
       auto first_stage = [&]() __attribute__((always_inline)) {
         turn_begin();

@@ -1,12 +1,12 @@
-"""A time limit for one benchmark step on a lent GPU.
+"""A time limit for one benchmark step on a GPU.
 
-A kernel that never finishes blocks its process in a CUDA synchronization, and the device call
-then runs to its own limit: minutes of a budget spent waiting (twelfth session, a candidate
-build that deadlocked only in long runs). `guard(seconds, what)` ends the process instead once
-the step has run that long, after printing every thread's Python traceback. The traceback comes
-from faulthandler, whose watchdog is a C thread, so it fires even while the main thread holds
-the GIL; `what` is printed by a Python timer a little earlier, when the GIL is free (a thread
-waiting inside CUDA or ctypes has released it).
+A kernel that never finishes blocks its process in a CUDA synchronization, and the run then
+waits until something outside kills it (a candidate build that deadlocks only in long runs does
+exactly this). `guard(seconds, what)` ends the process instead once the step has run that long,
+after printing every thread's Python traceback. The traceback comes from faulthandler, whose
+watchdog is a C thread, so it fires even while the main thread holds the GIL; `what` is printed
+by a Python timer a little earlier, when the GIL is free (a thread waiting inside CUDA or ctypes
+has released it).
 """
 
 import contextlib

@@ -1,5 +1,5 @@
-"""Paired A/B of two or more builds of the library: all builds in one process, on the same
-buffers, timed in interleaved rounds.
+"""Compares two or more builds of the library: all builds in one process, on the same buffers,
+timed in interleaved rounds (scripts/gpu_check.sh runs it with FP_BASELINE_LIB).
 
 Why: separate processes see different allocations and a GPU whose clocks drift with its power
 draw; on the H200 that spreads one build's sparse rows by 5-10 % from call to call, more than
@@ -13,34 +13,41 @@ L2 difference between the builds' outputs and whether every output is finite; th
 on fresh random inputs drawn from a fixed seed, so every build sees the same q/k/v and masks.
 
 Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128 or --head-dim 64, causal, bf16):
-  dense   ours at L = 8K, 32K, 128K, with cuDNN (SDPA) timed in the same rounds.
-  sparse  L = 32K, random 128x128 block masks at rho 50/20/10/5 % (diagonal forced), with and
-          without mean correction; also time / (density x the build's dense time at 32K).
+  dense   ours at L = 8K, 32K, 128K (--lengths), with cuDNN (SDPA) timed in the same rounds.
+  sparse  L = 32K (the second of --lengths), random 128x128 block masks at rho 50/20/10/5 %
+          (diagonal forced), with and without mean correction; also time / (density x the
+          build's dense time at that length).
   sparse128k  L = 128K, random block masks at rho 5 % and 1.5 % (the demo's density at 128K),
           with and without mean correction.
   paged   dense L = 32K on paged caches (bench_attention.PagedView, every build on the same
           pool): bench_attention.PAGED_ROWS (pages of 1-128 keys shuffled, some in order or in
           runs of 1024 keys);
           the contiguous row first, with each build's paged / contiguous time.
+  batch   dense B = 4 at 32K, and the mixed batch with cached prefixes of bench_attention.py.
 
 A build's single step (one timing, one checked run) that runs past --hang-s seconds (60) ends
-the run with the row, the build and a traceback (hang_guard.py): a hung kernel costs a minute
-of device time, not the call's whole limit.
+the run with the row, the build and a traceback (hang_guard.py): a hung kernel costs a minute,
+not the run's whole time limit. With --results DIR the rows also go into a results file
+(bench/common.py), as the benchmarks' do.
 
-Usage: python3 bench/paired_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse,sparse128k]
-       [--rounds N] [--head-dim 64] [--hang-s S]      (rows: any of dense,sparse,sparse128k,paged)
+Usage: python3 tools/compare_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse,...]
+       [--rounds N] [--head-dim 64] [--hang-s S] [--results DIR]
+       (rows: any of dense,sparse,sparse128k,paged,batch)
 """
 
 import argparse
+import pathlib
 import statistics
 import sys
 
 import torch
 from torch.nn.attention import SDPBackend
 
-import bench_attention as ba
-from common import median_ms
-from hang_guard import guard
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+import bench_attention as ba  # noqa: E402
+import common  # noqa: E402
+from common import median_ms  # noqa: E402
+from hang_guard import guard  # noqa: E402
 
 SEED = 1234
 HANG_S = 60.0  # --hang-s: a build's single step (one timing, one checked run) that takes longer
@@ -64,8 +71,15 @@ def paired(fns, rounds, reps, label=""):
     return out
 
 
+ROWS = []  # what report() printed, for --results
+
+
 def report(label, times, extra=None):
     names = list(times)
+    ROWS.append({"row": label, "ms": {n: statistics.median(t) for n, t in times.items()},
+                 "ratio_to_first": {n: quartiles([t / b for t, b in zip(times[n], times[names[0]])])
+                                    for n in names[1:]},
+                 **({"extra": extra} if extra else {})})
     base = times[names[0]]
     cols = []
     for n in names:
@@ -111,57 +125,77 @@ def sparse_rows(b, ours, gen, rhos, rounds, reps, label, dense=None):
 def main():
     global HANG_S
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("libs", help="NAME=path[,NAME=path...]; the first is the base of the ratios")
+    ap.add_argument("libs", help="NAME=path[,NAME=path...]; the first is the base of the ratios, "
+                                 "the package runs on the last")
     ap.add_argument("rows", nargs="?", default="dense,sparse")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--head-dim", type=int, default=ba.D, choices=(64, 128))
     ap.add_argument("--hang-s", type=float, default=HANG_S,
                     help="seconds one step of one build may take before the run stops as hung")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                    help="cpu: the CPU reference, no cuDNN (a smoke run of the code paths)")
+    ap.add_argument("--lengths", default="8192,32768,131072",
+                    help="the dense rows' lengths; the sparse rows run at the second")
+    ap.add_argument("--results", default=None, metavar="DIR",
+                    help="also write the rows into a results file in DIR")
     args = ap.parse_args()
+    started = common.utc_now()
     HANG_S = args.hang_s
     ba.D = args.head_dim  # every batch, baseline and FLOP count below reads it
-    libs = {name: ba.Lib(path) for name, path in (a.split("=") for a in args.libs.split(","))}
+    ba.DEV = common.DEVICE = args.device
+    pairs = [a.split("=", 1) for a in args.libs.split(",")]
+    # The last build (the newest, by convention) also makes the block-mask indexes and means
+    # through the package: the same arrays for every build.
+    common.load_package(pairs[-1][1])
+    libs = {name: ba.Lib(path) for name, path in pairs}
+    results = common.ResultsFile(args.results, "compare", started) if args.results else None
     rows = args.rows.split(",")
     torch.manual_seed(SEED)
-    gen = torch.Generator(device="cuda")
+    gen = torch.Generator(device=args.device)
     gen.manual_seed(SEED)
     print(f"paired rounds={args.rounds}; [median (quartiles)] of time / {next(iter(libs))}'s "
           "time in the same round", flush=True)
+    lengths = [int(x) for x in args.lengths.split(",")]
+    mid = lengths[1] if len(lengths) > 1 else lengths[0]  # the sparse and paged rows' length
     dense32 = {}
     if "dense" in rows:
-        for L, reps, rounds in ((8192, 9, args.rounds), (32768, 5, args.rounds),
-                                (131072, 3, max(3, args.rounds // 3))):
+        for L in lengths:
+            reps = 9 if L <= 8192 else 5 if L <= 32768 else 3
+            rounds = args.rounds if L <= 32768 else max(3, args.rounds // 3)
             b = ba.Batch([L], [L])
             ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
             diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()}, f"dense L={L}")
             fns = {n: o.dense for n, o in ours.items()}
-            fns["cudnn"] = ba.sdpa(b, SDPBackend.CUDNN_ATTENTION)
+            if args.device == "cuda":
+                fns["cudnn"] = ba.sdpa(b, SDPBackend.CUDNN_ATTENTION)
             t = paired(fns, rounds, reps, f"dense L={L}")
-            if L == 32768:
+            if L == mid:
                 dense32 = {n: statistics.median(t[n]) for n in libs}
-            cudnn = statistics.median(t["cudnn"])
-            extra = {n: f"{cudnn / statistics.median(t[n]):.3f}x cudnn" for n in libs}
+            extra = None
+            if "cudnn" in t:
+                cudnn = statistics.median(t["cudnn"])
+                extra = {n: f"{cudnn / statistics.median(t[n]):.3f}x cudnn" for n in libs}
             report(f"dense L={L}", t, extra)
             print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
             del b, ours
-            torch.cuda.empty_cache()
+            ba.empty_cache()
     if "sparse" in rows:
-        b = ba.Batch([32768], [32768])
+        b = ba.Batch([mid], [mid])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         if not dense32:
-            dense32 = {n: statistics.median(v) for n, v in
-                       paired({n: o.dense for n, o in ours.items()}, 3, 5, "dense L=32768").items()}
+            times = paired({n: o.dense for n, o in ours.items()}, 3, 5, f"dense L={mid}")
+            dense32 = {n: statistics.median(v) for n, v in times.items()}
         sparse_rows(b, ours, gen, (0.5, 0.2, 0.1, 0.05), args.rounds, 15, "sparse", dense32)
         del b, ours
-        torch.cuda.empty_cache()
+        ba.empty_cache()
     if "sparse128k" in rows:
         b = ba.Batch([131072], [131072])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         sparse_rows(b, ours, gen, (0.05, 0.015), args.rounds, 5, "sparse L=128K")
         del b, ours
-        torch.cuda.empty_cache()
+        ba.empty_cache()
     if "paged" in rows:
-        b = ba.Batch([32768], [32768])
+        b = ba.Batch([mid], [mid])
         ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
         diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()}, "contiguous")
         t = paired({n: o.dense for n, o in ours.items()}, args.rounds, 5, "contiguous")
@@ -178,6 +212,22 @@ def main():
                             for n in libs})
             print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
             del view, runs
+    if "batch" in rows:
+        for len_q, len_kv in (([32768] * 4, [32768] * 4),
+                              ([2048, 512, 8192, 1024], [32768, 16384, 8192, 65536])):
+            b = ba.Batch(len_q, len_kv)
+            ours = {n: ba.Ours(lib, b) for n, lib in libs.items()}
+            row = f"batch {len(len_q)} x {max(len_kv) // 1024}K" if len(set(len_kv)) == 1 \
+                else "batch mixed, prefixes"
+            diff, finite = check_outputs(b, {n: o.dense for n, o in ours.items()}, row)
+            t = paired({n: o.dense for n, o in ours.items()}, args.rounds, 3, row)
+            report(row, t, {n: f"({ba.tflops(b, statistics.median(t[n])):.0f} TFLOP/s)"
+                            for n in libs})
+            print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
+            del b, ours
+            ba.empty_cache()
+    if results:
+        print("results:", results.write(ROWS, complete=True))
     return 0
 
 

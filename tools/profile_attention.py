@@ -1,6 +1,6 @@
 """A driver for ncu: three calls of one attention mode on the benchmark's inputs, nothing else.
 
-    python3 bench/profile_attention.py LIB RHO [L]
+    python3 tools/profile_attention.py LIB RHO [L]
 
 RHO >= 1 runs dense mode; below 1, sparse mode without mean correction on a random 128x128
 block mask of that density (fixed seed, so every build profiles the same mask). Profile it with,
@@ -9,19 +9,23 @@ for example (the second call is the one measured):
     ncu --clock-control none --kernel-name regex:attention_kernel --launch-skip 1 \\
         --launch-count 1 --section SpeedOfLight --section WarpStateStats \\
         --section SourceCounters --import-source yes -o prof \\
-        python3 bench/profile_attention.py build/libflashprefill.so 0.05 32768
+        python3 tools/profile_attention.py build/libflashprefill.so 0.05 32768
 """
 
+import pathlib
 import sys
 
 import torch
 
-import bench_attention as ba
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "bench"))
+import bench_attention as ba  # noqa: E402
+import common  # noqa: E402
 
 SEED = 7
 
 
 def main():
+    common.load_package(sys.argv[1])
     lib = ba.Lib(sys.argv[1])
     rho = float(sys.argv[2])
     L = int(sys.argv[3]) if len(sys.argv) > 3 else 32768

@@ -1,15 +1,15 @@
-"""bench/hang_guard.py: a step past its limit ends the process; one within it does not."""
+"""tools/hang_guard.py: a step past its limit ends the process; one within it does not."""
 
 import pathlib
 import subprocess
 import sys
 import time
 
-BENCH = pathlib.Path(__file__).resolve().parent
+TOOLS = pathlib.Path(__file__).resolve().parent
 
 
 def run(body, timeout=30):
-    code = f"import sys, time; sys.path.insert(0, {str(BENCH)!r}); import hang_guard\n{body}"
+    code = f"import sys, time; sys.path.insert(0, {str(TOOLS)!r}); import hang_guard\n{body}"
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout)
