@@ -21,7 +21,7 @@ export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
 export FLASHPREFILL_LIB=${FLASHPREFILL_LIB:-build/libflashprefill.so}
 mkdir -p "$out"
 # the torch rules against the numpy model of the contract, on CUDA too
-python3 -m pytest -q accuracy/test_accuracy_units.py 2>&1 | tee "$out/units.log"
+python3 -m pytest -q accuracy/test_accuracy_units.py accuracy/test_accuracy_torch.py 2>&1 | tee "$out/units.log"
 # needles (108 a length) and text windows: dense, the library at five alphas (0: its floor)
 python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 108 --windows 4 \
   --alphas 0 0.02 0.05 0.1 0.4 --batch 12 --time-budget "$budget" --out "$out/needles.jsonl"

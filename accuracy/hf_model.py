@@ -56,6 +56,7 @@ def load(gguf: str | None = None, device: str = "cpu", dtype: str = "float32"):
     from transformers.utils import logging
 
     logging.disable_progress_bar()
+    os.environ.setdefault("TQDM_DISABLE", "1")      # the GGUF dequantization's own progress bar
     path = resolve_gguf(gguf)
     folder, name = os.path.split(os.path.abspath(path))
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
