@@ -8,12 +8,12 @@
 # wheels of `gguf` and `accelerate` (transformers needs both to read a GGUF) and of any of their
 # dependencies the machine lacks are, when the two are not installed. Also needs the prompt
 # pack accuracy/.pack/prompts.npz (python3 accuracy/make_prompts.py) and the library built with
-# CUDA (FLASHPREFILL_LIB, default build/libflashprefill.so). Each phase stops starting batches
-# after its time budget (seconds, PHASE_BUDGET, default 100), so the whole run stays bounded.
+# CUDA (FLASHPREFILL_LIB, default build/libflashprefill.so). The two run.py phases start no batch
+# after their time budgets (seconds: NEEDLE_BUDGET, default 120; RULE_BUDGET, default 100), so the
+# whole run stays bounded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 gguf=$(realpath "$1") out=$2 wheels=${3:-}
-budget=${PHASE_BUDGET:-100}
 if ! python3 -c "import gguf, accelerate" 2>/dev/null; then
   python3 -m pip install -q --no-index --find-links "$wheels" gguf==0.19.0 accelerate==1.15.0
 fi
@@ -21,14 +21,17 @@ export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
 export FLASHPREFILL_LIB=${FLASHPREFILL_LIB:-build/libflashprefill.so}
 mkdir -p "$out"
 # the torch rules against the numpy model of the contract, on CUDA too
-python3 -m pytest -q accuracy/test_accuracy_units.py accuracy/test_accuracy_torch.py 2>&1 | tee "$out/units.log"
+python3 -m pytest -q accuracy/test_accuracy_units.py accuracy/test_accuracy_torch.py \
+  > "$out/units.log" 2>&1 || echo "gpu_study: unit tests failed, see $out/units.log" >&2
+tail -1 "$out/units.log"
 # needles (108 a length) and text windows: dense, the library at five alphas (0: its floor)
 python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 108 --windows 4 \
-  --alphas 0 0.02 0.05 0.1 0.4 --batch 12 --time-budget "$budget" --out "$out/needles.jsonl"
-# the frontier: every rule over the alphas on the text windows
-python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 0 --windows 4 \
+  --alphas 0 0.02 0.05 0.1 0.4 --batch 12 --time-budget "${NEEDLE_BUDGET:-120}" \
+  --out "$out/needles.jsonl"
+# the frontier: every rule over the alphas on one window of each text
+python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 0 --windows 1 \
   --alphas 0.02 0.1 --rules paper freemax topp perhead oracle \
-  --rule-alphas 0.01 0.02 0.05 0.1 0.2 0.4 --batch 4 --time-budget "$budget" \
+  --rule-alphas 0.01 0.02 0.05 0.1 0.2 0.4 --batch 2 --time-budget "${RULE_BUDGET:-100}" \
   --out "$out/rules.jsonl"
 python3 accuracy/breakdown.py --gguf "$gguf" --lengths 2048 4096 8192 --alphas 0.02 0.1 0.4 \
   --out "$out/breakdown.jsonl"

@@ -14,15 +14,17 @@ mkdir -p "$out"
 phases=${*:-"breakdown needles rules"}
 for phase in $phases; do
   case $phase in
-    # which rule selects the tiles, on one KJV and one code window a length
+    # which rule selects the tiles, on one KJV window a length
     breakdown) nice -n 10 python3 accuracy/breakdown.py --lengths 2048 4096 8192 --alphas 0.02 0.1 0.4 \
-                 --out "$out/breakdown.jsonl" ;;
-    # 2K needles (the first of the pack: kinds and depths in turn), dense vs the library's default
-    needles) nice -n 10 python3 accuracy/run.py --lengths 2048 --needles "${NEEDLES:-12}" --windows 1 \
-               --alphas 0.1 --batch 3 --out "$out/needles.jsonl" ;;
-    # the rules on one 2K KJV window
-    rules) nice -n 10 python3 accuracy/run.py --lengths 2048 --needles 0 --windows 1 --texts kjv --alphas 0.02 0.1 \
-             --rules paper freemax topp oracle --rule-alphas 0.01 0.05 0.2 --out "$out/rules.jsonl" ;;
+                 --texts kjv --out "$out/breakdown.jsonl" ;;
+    # 2K needles (the first of the pack: each kind at depths 0.1 and 0.2) and one KJV window,
+    # dense vs the library's default, in one batch
+    needles) nice -n 10 python3 accuracy/run.py --lengths 2048 --needles "${NEEDLES:-6}" --windows 1 \
+               --texts kjv --alphas 0.1 --batch 7 --mix-kinds --out "$out/needles.jsonl" ;;
+    # the rules on that window (the library's alpha 0.1 is the needles phase's)
+    rules) nice -n 10 python3 accuracy/run.py --lengths 2048 --needles 0 --windows 1 --texts kjv \
+             --alphas 0.02 --rules paper freemax topp oracle --rule-alphas 0.02 0.2 \
+             --out "$out/rules.jsonl" ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
