@@ -19,6 +19,9 @@ import math
 
 import numpy as np
 
+from breakdown import EMAX_HOLDERS, RULE_ORDER
+from tasks import KINDS
+
 Z95 = 1.959963984540054
 
 
@@ -183,7 +186,6 @@ def plot_frontier(records, path):
 
 
 def breakdown_table(records):
-    from breakdown import EMAX_HOLDERS, RULE_ORDER
     rows = ["| length | prompt | alpha | density | library density | "
             + " | ".join(f"{r} share" for r in RULE_ORDER) + " | "
             + " | ".join(f"E_max in {h}" for h in EMAX_HOLDERS) + " |",
@@ -225,7 +227,7 @@ def main():
         parts += ["## Needles (exact match, paired with dense)\n", needle_table(runs),
                   "## Next-token agreement, text windows\n", agreement_table(runs),
                   "## Next-token agreement, haystack positions of the needle prompts\n",
-                  agreement_table(runs, tasks_kinds()),
+                  agreement_table(runs, KINDS),
                   "## Rules at equal density (text windows)\n", equal_density_table(runs),
                   provenance(runs)]
         if args.plot:
@@ -236,11 +238,6 @@ def main():
     with open(args.tables, "w") as f:
         f.write("\n".join(parts))
     print(f"wrote {args.tables}" + (f" and {args.plot}" if args.plot and runs else ""))
-
-
-def tasks_kinds():
-    from tasks import KINDS
-    return KINDS
 
 
 if __name__ == "__main__":
