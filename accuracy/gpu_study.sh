@@ -31,7 +31,7 @@ python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 108 --
 # the frontier: every rule over the alphas on one window of each text
 python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 0 --windows 1 \
   --alphas 0.02 0.1 --rules paper freemax topp perhead oracle \
-  --rule-alphas 0.01 0.02 0.05 0.1 0.2 0.4 --batch 2 --time-budget "${RULE_BUDGET:-100}" \
+  --rule-alphas 0.02 0.05 0.1 0.2 0.4 0.7 0.9 --batch 2 --time-budget "${RULE_BUDGET:-100}" \
   --out "$out/rules.jsonl"
 python3 accuracy/breakdown.py --gguf "$gguf" --lengths 2048 4096 8192 --alphas 0.02 0.1 0.4 \
   --out "$out/breakdown.jsonl"

@@ -167,7 +167,7 @@ def plot_frontier(records, path):
 
     data = frontier(records)
     lengths = sorted(data)
-    fig, axes = plt.subplots(1, len(lengths), figsize=(5.2 * len(lengths), 4.3), squeeze=False)
+    fig, axes = plt.subplots(1, len(lengths), figsize=(max(5.2 * len(lengths), 7.5), 4.3), squeeze=False)
     markers = {"library": "*", "paper": "o", "freemax": "v", "topp": "D", "rownorm": "s",
                "perhead": "^", "oracle": "P"}
     for ax, length in zip(axes[0], lengths):

@@ -21,10 +21,13 @@ for phase in $phases; do
     # dense vs the library's default, in one batch
     needles) nice -n 10 python3 accuracy/run.py --lengths 2048 --needles "${NEEDLES:-6}" --windows 1 \
                --texts kjv --alphas 0.1 --batch 7 --mix-kinds --out "$out/needles.jsonl" ;;
-    # the rules on that window (the library's alpha 0.1 is the needles phase's)
+    # the rules on that window (the library's alpha 0.1 is the needles phase's); freemax keeps
+    # far more at a given alpha, so it gets larger ones
     rules) nice -n 10 python3 accuracy/run.py --lengths 2048 --needles 0 --windows 1 --texts kjv \
              --alphas 0.02 --rules paper freemax topp oracle --rule-alphas 0.02 0.2 \
-             --out "$out/rules.jsonl" ;;
+             --out "$out/rules.jsonl"
+           nice -n 10 python3 accuracy/run.py --lengths 2048 --needles 0 --windows 1 --texts kjv \
+             --alphas --rules paper freemax --rule-alphas 0.005 0.5 0.8 --out "$out/rules.jsonl" ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done
