@@ -9,7 +9,7 @@
 # dependencies the machine lacks are, when the two are not installed. Also needs the prompt
 # pack accuracy/.pack/prompts.npz (python3 accuracy/make_prompts.py) and the library built with
 # CUDA (FLASHPREFILL_LIB, default build/libflashprefill.so). The two run.py phases start no batch
-# after their time budgets (seconds: NEEDLE_BUDGET, default 120; RULE_BUDGET, default 100), so the
+# after their time budgets (seconds: NEEDLE_BUDGET, default 120; RULE_BUDGET, default 90), so the
 # whole run stays bounded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,10 +28,11 @@ tail -1 "$out/units.log"
 python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 108 --windows 4 \
   --alphas 0 0.02 0.05 0.1 0.4 --batch 12 --time-budget "${NEEDLE_BUDGET:-120}" \
   --out "$out/needles.jsonl"
-# the frontier: every rule over the alphas on one window of each text
-python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 0 --windows 1 \
+# the frontier: every rule over the alphas on one window of each text, longest first (the CPU
+# study has 2K)
+python3 accuracy/run.py --gguf "$gguf" --lengths 8192 4096 2048 --needles 0 --windows 1 \
   --alphas 0.02 0.1 --rules paper freemax topp perhead oracle \
-  --rule-alphas 0.02 0.05 0.1 0.2 0.4 0.7 0.9 --batch 2 --time-budget "${RULE_BUDGET:-100}" \
+  --rule-alphas 0.02 0.05 0.1 0.2 0.4 0.7 0.9 --batch 2 --time-budget "${RULE_BUDGET:-90}" \
   --out "$out/rules.jsonl"
 python3 accuracy/breakdown.py --gguf "$gguf" --lengths 2048 4096 8192 --alphas 0.02 0.1 0.4 \
   --out "$out/breakdown.jsonl"
