@@ -5,14 +5,12 @@
 - `code`: Python source of the standard library that runs this harness (real code, several
   modules concatenated in a fixed order).
 
-`tokens(name, n, tokenizer)` returns the first n tokens of the text. Token ids can be saved to a
-.npz (`save_token_pack`) so that the device machine needs neither the Debian package nor this
-Python's sources.
+`encoded(encode)` returns each text's token ids (`encode(str) -> ids`); tasks.build_pack makes the
+prompts from them once, so a machine without the Debian package or these sources reads the pack.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import shutil
@@ -24,7 +22,7 @@ import numpy as np
 KJV_RANGE = "gen1:1-ex40:38"          # Genesis and Exodus: about 90K tokens
 CODE_MODULES = ["argparse.py", "dataclasses.py", "functools.py", "json/decoder.py", "json/encoder.py",
                 "textwrap.py", "shutil.py", "tarfile.py", "zipfile.py", "pathlib.py"]
-MAX_CHARS = 80_000           # well over 8K tokens of either text (about 4 and 3 chars a token)
+MAX_CHARS = 360_000          # over 80K tokens of either text (about 4 and 3 chars a token)
 
 
 def kjv_text(max_chars: int = MAX_CHARS) -> str:
@@ -49,22 +47,6 @@ def code_text(max_chars: int = MAX_CHARS) -> str:
 TEXTS = {"kjv": kjv_text, "code": code_text}
 
 
-@functools.lru_cache(maxsize=None)
-def _encoded(name: str, tokenizer) -> np.ndarray:
-    return np.asarray(tokenizer.encode(TEXTS[name]()), dtype=np.int32)
-
-
-def tokens(name: str, n: int, tokenizer, token_pack: dict | None = None) -> np.ndarray:
-    ids = token_pack[name] if token_pack is not None else _encoded(name, tokenizer)
-    if len(ids) < n:
-        raise ValueError(f"text {name!r} has only {len(ids)} tokens, {n} asked")
-    return ids[:n]
-
-
-def save_token_pack(path: str, tokenizer, n: int) -> None:
-    np.savez(path, **{name: _encoded(name, tokenizer)[:n] for name in TEXTS})
-
-
-def load_token_pack(path: str) -> dict:
-    z = np.load(path)
-    return {name: z[name] for name in z.files}
+def encoded(encode) -> dict:
+    """{name: int32 token ids} of every text."""
+    return {name: np.asarray(encode(text()), dtype=np.int32) for name, text in TEXTS.items()}

@@ -1,6 +1,7 @@
 """Where the prefill error comes from, per layer, on the model's real activations.
 
-Runs the dense model over a text window, captures q/k/v of every layer, and for one selection
+Runs the dense model (transformers, hf_model.Capture) over a text window of the prompt pack,
+keeps q/k/v of every layer, and for one selection
 configuration measures over all query rows (PackGQA tiles, docs/ALGORITHM.md):
 - rho_pr: the exact softmax mass of the pruned blocks (Eq. 9), mean over rows;
 - recovered: the surrogate mass sum_J |B_J| e^{s_bar_J} of the corrected blocks divided by their exact
@@ -25,13 +26,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import corpus                                              # noqa: E402
+import hf_model                                            # noqa: E402
 import sparse_reference                                    # noqa: E402
-from attention import sparse_backend                       # noqa: E402
-from gguf_weights import load_model                        # noqa: E402
-from model import Llama, Ops, exact_causal_attention       # noqa: E402
-from sparse_reference import KV_TILE, LOG2E, Q_TILE_ROWS, _pool  # noqa: E402
-from tokenizer import ByteLevelBPE                         # noqa: E402
+import tasks                                               # noqa: E402
+from sparse_reference import LOG2E, Q_TILE_ROWS, _pool     # noqa: E402
 
 
 def layer_stats(q, k, alpha, bs, sink_tokens=256, window_tokens=512, dense_recent_tiles=1):
@@ -86,18 +84,20 @@ def main():
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--block-size", type=int, default=128)
     p.add_argument("--text", default="kjv")
+    p.add_argument("--gguf")
+    p.add_argument("--prompts", default=os.path.join(HERE, ".pack", "prompts.npz"))
     p.add_argument("--check-library", action="store_true")
     args = p.parse_args()
-    config, weights, tables = load_model()
-    tokenizer = ByteLevelBPE(tables)
-    model = Llama(config, weights, Ops())
-    captured = {}
+    import torch
 
-    def capture(layer, q, k, v):
-        captured[layer] = (q, k, v)
-        return exact_causal_attention(model.ops, q, k, v, 0, model.scale)
-
-    model.prefill(corpus.tokens(args.text, args.length, tokenizer), capture)
+    model, _ = hf_model.load(args.gguf)
+    capture = hf_model.Capture()
+    model.set_attn_implementation(capture.NAME)
+    prompt = next(x for x in tasks.load_pack(args.prompts) if len(x.tokens) == args.length
+                  and x.name.startswith(f"text/{args.text}/"))
+    with torch.no_grad():
+        model.model(input_ids=torch.as_tensor(prompt.tokens[None]))
+    captured = {layer: tuple(t.numpy() for t in qkv) for layer, qkv in capture.qkv.items()}
     print(f"| layer | pruned mass rho_pr | surrogate / exact mass of corrected blocks | key-0 mass | "
           f"block-0 pooled share |\n| ---: | ---: | ---: | ---: | ---: |")
     for layer, (q, k, _) in sorted(captured.items()):
@@ -106,10 +106,10 @@ def main():
               f"{s['block0_pooled_share']:.3f} |", flush=True)
     if not args.check_library:
         return
-    library = sparse_backend("fp")
+    library = hf_model.flashprefill_module().prefill
     print("\n| layer | correction | density library | density reference | max abs diff | relative L2 |\n"
           "| ---: | --- | ---: | ---: | ---: | ---: |")
-    for layer in range(0, config.n_layers, 5):
+    for layer in range(0, len(captured), 5):
         q, k, v = captured[layer]
         for correction in (True, False):
             kw = dict(alpha=args.alpha, block_size=args.block_size, mean_correction=correction,

