@@ -31,10 +31,10 @@ def main():
         fail(f"the Python package cutlass_library (nvidia-cutlass=={VERSION}) is not installed "
              f"for {sys.executable}")
     include = pathlib.Path(list(spec.submodule_search_locations)[0]) / "source" / "include"
-    files = sorted(p for p in include.rglob("*") if p.is_file()) if include.is_dir() else []
+    files = sorted((p.relative_to(include).as_posix(), p) for p in include.rglob("*")
+                   if p.is_file()) if include.is_dir() else []
     digest = hashlib.sha256()
-    for path in files:
-        rel = path.relative_to(include).as_posix()
+    for rel, path in files:  # in the order of the relative paths as strings
         digest.update(rel.encode() + b"\0" + hashlib.sha256(path.read_bytes()).hexdigest().encode()
                       + b"\n")
     if len(files) != HEADER_FILES or digest.hexdigest() != HEADERS_DIGEST:
