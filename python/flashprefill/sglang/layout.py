@@ -23,79 +23,25 @@ Needs torch.
 
 import dataclasses
 import itertools
-import os
 
-from .._index import SelectConfig
+from .. import serving
 from ..plan import Plan
 
-ENV_PREFIX = "FLASHPREFILL_"
-
-
-def _parse_bool(text):
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected one of 1/0, true/false, yes/no, on/off, got {text!r}")
-
-
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """The backend's settings; `from_env` reads each as FLASHPREFILL_<NAME> (upper case).
+class Settings(serving.Settings):
+    """The backend's settings: flashprefill.serving's selection settings (FLASHPREFILL_ALPHA,
+    _BLOCK_SIZE, _SINK_TOKENS, _WINDOW_TOKENS, _DENSE_RECENT_TILES, _MEAN_CORRECTION,
+    _MIN_SPARSE_LEN), read when the backend is built, and:
 
-    Attributes:
-        alpha, block_size, sink_tokens, window_tokens, dense_recent_tiles, mean_correction:
-            the selection (flashprefill.SelectConfig; alpha = 0 makes every request exact).
-        min_sparse_len: requests with fewer keys (cached prefix included) run exact attention.
-        dense_layers: the first n attention layers (by layer id) run exact attention.
-        validate_metadata: CUDA: each plan's first run copies its metadata to the host and
-            checks it (a host synchronization per forward); off by default in serving.
+        dense_layers (FLASHPREFILL_DENSE_LAYERS, 0): the first n attention layers (by layer id)
+            run exact attention.
+        validate_metadata (FLASHPREFILL_VALIDATE_METADATA, 0): CUDA: each plan's first run
+            copies its metadata to the host and checks it (a host synchronization per forward);
+            off by default in serving.
     """
 
-    alpha: float = 0.1
-    block_size: int = 128
-    sink_tokens: int = 256
-    window_tokens: int = 512
-    dense_recent_tiles: int = 1
-    mean_correction: bool = True
-    min_sparse_len: int = 1024
     dense_layers: int = 0
     validate_metadata: bool = False
-
-    def __post_init__(self):
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
-        if self.block_size <= 0 or self.block_size % 64:
-            raise ValueError(f"block_size must be a positive multiple of 64, got "
-                             f"{self.block_size}")
-        for name in ("sink_tokens", "window_tokens", "dense_recent_tiles", "min_sparse_len",
-                     "dense_layers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-
-    @classmethod
-    def from_env(cls, environ=None):
-        """Settings from FLASHPREFILL_ALPHA, FLASHPREFILL_BLOCK_SIZE, ... (unset: the default)."""
-        environ = os.environ if environ is None else environ
-        values = {}
-        for field in dataclasses.fields(cls):
-            key = ENV_PREFIX + field.name.upper()
-            text = environ.get(key)
-            if text is None or text.strip() == "":
-                continue
-            kind = type(field.default)
-            try:
-                value = _parse_bool(text) if kind is bool else kind(text.strip())
-                cls(**{field.name: value})
-            except ValueError as err:
-                raise ValueError(f"{key}={text!r}: {err}") from None
-            values[field.name] = value
-        return cls(**values)
-
-    def select_config(self):
-        return SelectConfig(self.block_size, self.alpha, self.sink_tokens, self.window_tokens,
-                            self.dense_recent_tiles, self.mean_correction)
 
 
 def page_table(req_to_token, req_pool_indices, page_size, max_seqlen_k):

@@ -29,99 +29,26 @@ otherwise its rows are gathered and scattered back.
 """
 
 import dataclasses
-import os
 
 import numpy as np
 
-from .. import _index
+from .. import serving
 from ..plan import Plan
 
-_ENV_PREFIX = "FLASHPREFILL_"
-
-
-def _env_bool(name, text):
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={text!r}: expected 1/0, true/false, yes/no or on/off")
-
-
-def _env_int(name, text):
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: expected an integer") from None
-
-
-def _env_float(name, text):
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r}: expected a number") from None
-
-
 @dataclasses.dataclass(frozen=True)
-class Settings:
-    """The vLLM backend's settings; from_env() reads them from FLASHPREFILL_* variables.
+class Settings(serving.Settings):
+    """The vLLM backend's settings: flashprefill.serving's selection settings (FLASHPREFILL_ALPHA,
+    _BLOCK_SIZE, _SINK_TOKENS, _WINDOW_TOKENS, _DENSE_RECENT_TILES, _MEAN_CORRECTION,
+    _MIN_SPARSE_LEN), read once when vLLM builds the metadata builder, and:
 
-    Attributes (environment variable, default):
-        alpha (FLASHPREFILL_ALPHA, 0.1): keep a KV block whose energy is at least alpha times
-            the largest; 0 keeps every causal block (exact attention through the sparse path).
-        block_size (FLASHPREFILL_BLOCK_SIZE, 128): the selection's KV block, a multiple of 64.
-        sink_tokens (FLASHPREFILL_SINK_TOKENS, 256): leading keys always kept.
-        window_tokens (FLASHPREFILL_WINDOW_TOKENS, 512): keys this close before a query tile
-            always kept.
-        dense_recent_tiles (FLASHPREFILL_DENSE_RECENT_TILES, 1): the last query tiles of every
-            request and KV head that run dense.
-        mean_correction (FLASHPREFILL_MEAN_CORRECTION, 1): the Eq. 6 surrogate keys.
-        min_sparse_len (FLASHPREFILL_MIN_SPARSE_LEN, 1024): a prefill or extend request with
-            fewer keys (cached prefix included) runs exact attention.
         cpu (FLASHPREFILL_VLLM_CPU, 0): on vLLM's CPU platform, replace its CPU_ATTN backend
             with flashprefill's CPU backend (own cache writes, the library's CPU path for
             prefill and decode). Never on by default.
     """
 
-    alpha: float = 0.1
-    block_size: int = 128
-    sink_tokens: int = 256
-    window_tokens: int = 512
-    dense_recent_tiles: int = 1
-    mean_correction: bool = True
-    min_sparse_len: int = 1024
     cpu: bool = False
 
-    def __post_init__(self):
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha = {self.alpha}: must lie in [0, 1]")
-        if self.block_size <= 0 or self.block_size % 64:
-            raise ValueError(f"block_size = {self.block_size}: must be a positive multiple "
-                             f"of 64")
-        for name in ("sink_tokens", "window_tokens", "dense_recent_tiles", "min_sparse_len"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} = {getattr(self, name)}: must be >= 0")
-
-    @classmethod
-    def from_env(cls, environ=None):
-        """Settings from FLASHPREFILL_ALPHA, _BLOCK_SIZE, _SINK_TOKENS, _WINDOW_TOKENS,
-        _DENSE_RECENT_TILES, _MEAN_CORRECTION, _MIN_SPARSE_LEN and _VLLM_CPU (unset ones keep
-        their defaults); a malformed value raises ValueError naming the variable."""
-        environ = os.environ if environ is None else environ
-        values = {}
-        for field in dataclasses.fields(cls):
-            name = _ENV_PREFIX + ("VLLM_CPU" if field.name == "cpu" else field.name.upper())
-            text = environ.get(name)
-            if text is None or text.strip() == "":
-                continue
-            parse = {float: _env_float, int: _env_int, bool: _env_bool}[type(field.default)]
-            values[field.name] = parse(name, text)
-        return cls(**values)
-
-    def select_config(self):
-        return _index.SelectConfig(self.block_size, self.alpha, self.sink_tokens,
-                                   self.window_tokens, self.dense_recent_tiles,
-                                   self.mean_correction)
+    ENV_NAMES = {"cpu": "VLLM_CPU"}
 
 
 def _torch():
