@@ -9,7 +9,7 @@
 # dependencies the machine lacks are, when the two are not installed. Also needs the prompt
 # pack accuracy/.pack/prompts.npz (python3 accuracy/make_prompts.py) and the library built with
 # CUDA (FLASHPREFILL_LIB, default build/libflashprefill.so). The two run.py phases start no batch
-# after their time budgets (seconds: NEEDLE_BUDGET, default 120; RULE_BUDGET, default 90), so the
+# after their time budgets (seconds: NEEDLE_BUDGET, default 300; RULE_BUDGET, default 90), so the
 # whole run stays bounded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ python3 -m pytest -q accuracy/test_accuracy_units.py accuracy/test_accuracy_torc
 tail -1 "$out/units.log"
 # needles (108 a length) and text windows: dense, the library at five alphas (0: its floor)
 python3 accuracy/run.py --gguf "$gguf" --lengths 2048 4096 8192 --needles 108 --windows 4 \
-  --alphas 0 0.02 0.05 0.1 0.4 --batch 12 --time-budget "${NEEDLE_BUDGET:-120}" \
+  --alphas 0 0.02 0.05 0.1 0.4 --batch 12 --time-budget "${NEEDLE_BUDGET:-300}" \
   --out "$out/needles.jsonl"
 # the frontier: every rule over the alphas on one window of each text, longest first (the CPU
 # study has 2K)
