@@ -181,24 +181,24 @@ class _Impl(AttentionImpl):
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
+        self.settings = fp_batch.Settings.from_env()  # the builders' settings, read alike
         self.kept_means = None  # batch.KeptMeans of this layer's cache (keep_means)
 
-    def _kept_means(self, key_cache, settings):
-        """This layer's KeptMeans for key_cache (made on first use and when the cache is
-        reallocated), or None without keep_means."""
-        if not settings.keep_means:
+    def _kept_means(self, key_cache):
+        """This layer's KeptMeans for key_cache (made at the first cache update or forward,
+        and again when the cache is reallocated), or None without keep_means."""
+        if not self.settings.keep_means:
             return None
         if self.kept_means is None or not self.kept_means.fits(key_cache):
-            self.kept_means = fp_batch.KeptMeans(key_cache, settings.block_size,
-                                                 settings.mean_correction)
+            self.kept_means = fp_batch.KeptMeans(key_cache, self.settings.block_size,
+                                                 self.settings.mean_correction)
         return self.kept_means
 
     def _invalidate_kept_means(self, kv_cache, slot_mapping):
         """After a cache update: the means of the blocks it wrote are stale."""
-        if self.kept_means is not None:
-            key_cache, _ = fp_batch.kv_views(kv_cache, self.head_size)
-            if self.kept_means.fits(key_cache):
-                self.kept_means.invalidate(slot_mapping)
+        kept = self._kept_means(fp_batch.kv_views(kv_cache, self.head_size)[0])
+        if kept is not None:
+            kept.invalidate(slot_mapping)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -211,9 +211,8 @@ class _Impl(AttentionImpl):
             self.decode_impl.forward(layer, query, key, value, kv_cache, attn_metadata.decode,
                                      output)
         key_cache, value_cache = fp_batch.kv_views(kv_cache, self.head_size)
-        batch = attn_metadata.batch
-        batch.run(query, key_cache, value_cache, output, self.scale,
-                  self._kept_means(key_cache, batch.settings))
+        attn_metadata.batch.run(query, key_cache, value_cache, output, self.scale,
+                                self._kept_means(key_cache))
         return output
 
 
