@@ -305,9 +305,10 @@ class KeptMeans:
         return torch.where(filled, rows, self.scratch)
 
     def gather(self, rows):
-        """((k_mean, v_mean) float32 [B, Hkv, max_blocks, D], pooled_keys [B] int32): the
-        kept means of the blocks of `rows` (scratch's where not filled or not current) and,
-        per request, the keys of its leading run of current blocks."""
+        """((k_mean, v_mean) float32 [B, Hkv, max_blocks, D], pooled_keys [B] int32): what
+        the rows of `rows` hold (stale values where a block is not current, the scratch row's
+        where it is not filled: the run pools those) and, per request, the keys of its
+        leading run of current blocks."""
         torch = _torch()
         flat = rows.flatten()
         shape = tuple(rows.shape) + tuple(self.k.shape[1:])
