@@ -26,6 +26,9 @@ NOT_MEASURED = "not measured yet"
 RUN_HINT = ("`bash scripts/gpu_check.sh` on a GPU machine writes the results files into "
             "`bench/results/` (`FP_RESULTS_DIR`); `python3 bench/report.py` renders docs/PERF.md "
             "and README.md's results table from them")
+VLLM_HINT = ("`python3 bench/bench_vllm.py --results bench/results` on a GPU machine writes its "
+             "results file (about 2 minutes; scripts/gpu_check.sh does not run it); "
+             "`python3 bench/report.py` renders this section from it")
 RHOS = (0.5, 0.2, 0.1, 0.05)
 
 
@@ -101,16 +104,16 @@ def table(header, rows):
     return "\n".join(lines)
 
 
-def source_line(path, record):
+def source_line(path, record, hint=RUN_HINT):
     if record is None:
-        return para(f"*{NOT_MEASURED.capitalize()}: {RUN_HINT}.*")
+        return para(f"*{NOT_MEASURED.capitalize()}: {hint}.*")
     state = "" if record.get("complete", True) else " (stopped before its last row)"
     return para(f"*From `bench/results/{path.name}`{state}: {record['machine']}, "
                 f"{record['date']}, commit `{short(record['commit'])}`.*")
 
 
-def intro(title, text, path, record):
-    return [f"## {title}", "", para(text), "", source_line(path, record), ""]
+def intro(title, text, path, record, hint=RUN_HINT):
+    return [f"## {title}", "", para(text), "", source_line(path, record, hint), ""]
 
 
 def nothing(record):
@@ -298,6 +301,52 @@ def paged_section(path, record, plots):
     return "\n".join(out)
 
 
+def vllm_section(path, record):
+    index = sorted(rows_of(record, "vllm_chunk_index"), key=lambda r: r["chunk"])
+    prefill = rows_of(record, "vllm_prefill")
+    out = intro("The vLLM backend: kept means and the paged prefill",
+                "`bench/bench_vllm.py`, the library calls of `flashprefill.vllm` on vLLM's "
+                "FLASH_ATTN cache layout (block size 16). Kept means: one long prompt "
+                "prefilled in chunks; per chunk, the index stage pooling every block of the "
+                "chunk's keys (`rebuild`, what the backend does by default) against pooling "
+                "only the chunk's new blocks into the kept means (`kept`: fp_pool_kv and "
+                "fp_build_index under FP_FLAG_MEANS_POOLED; `kept, backend`: with the "
+                "backend's means-cache work on the device, FLASHPREFILL_KEEP_MEANS=1). Paged "
+                "prefill: the backend's prefill call with the cache's blocks in order and "
+                "shuffled, against the same call on contiguous K/V; `spans`: the share of "
+                "128-key spans whose blocks lie in consecutive pool rows.",
+                path, record, VLLM_HINT)
+    if not (index or prefill):
+        return "\n".join(out + nothing(record))
+    if index:
+        first = index[0]
+        out += [para(f"Hq = {first['heads_q']}, Hkv = {first['heads_kv']}, D = "
+                     f"{first['head_dim']}, bf16, chunks of {fmt_len(first['len_q'])}, blocks "
+                     f"{first['pages']}, default selection config:"), ""]
+        body = [[r["chunk"], fmt_len(r["len_kv"]),
+                 fmt_len(r["kept_keys_taken"]) if r["kept_keys_taken"] else "0",
+                 fmt(r.get("rebuild_ms"), 3, " ms"), fmt(r.get("kept_ms"), 3, " ms"),
+                 fmt(r.get("kept_backend_ms"), 3, " ms"), fmt_x(r.get("kept_backend_vs_rebuild"))]
+                for r in index]
+        totals = [sum(r[key] for r in index) if all(number(r.get(key)) for r in index) else None
+                  for key in ("rebuild_ms", "kept_ms", "kept_backend_ms")]
+        body.append(["all", fmt_len(index[-1]["len_kv"]), "", fmt(totals[0], 3, " ms"),
+                     fmt(totals[1], 3, " ms"), fmt(totals[2], 3, " ms"),
+                     fmt_x(totals[2] / totals[0]) if number(totals[0]) and number(totals[2])
+                     else "-"])
+        out += [table(["chunk", "L_kv", "kept keys taken", "rebuild", "kept", "kept, backend",
+                       "backend / rebuild"], body), ""]
+    if prefill:
+        body = [[r["shape"], r["mode"], f"{fmt_len(r['len_q'])} / {fmt_len(r['len_kv'])}",
+                 fmt(r.get("contiguous_ms"), 4, " ms"), fmt_x(r.get("in_order_vs_contiguous")),
+                 fmt_pct(r.get("in_order_consecutive_spans")),
+                 fmt_x(r.get("shuffled_vs_contiguous")),
+                 fmt_pct(r.get("shuffled_consecutive_spans"))] for r in prefill]
+        out += [table(["prefill", "mode", "L_q / L_kv", "contiguous", "in order / contiguous",
+                       "spans", "shuffled / contiguous", "spans"], body), ""]
+    return "\n".join(out)
+
+
 def goals_section(record):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
     from goals import format_table, goal_rows
@@ -428,6 +477,7 @@ def render_perf(results, plots):
              paged_section(*newest(results, "attention", PAGED_KINDS), plots),
              goals_section(newest(results, "attention", ("dense", "sparse"))[1]),
              host_section(*newest(results, "host")),
+             vllm_section(*newest(results, "vllm")),
              files_section(results),
              DID_NOT_WORK]
     return "\n".join(parts)

@@ -243,6 +243,29 @@ def _placer(xp, like):
     return lambda a: xp.as_tensor(a, device=like.device)
 
 
+def pool_buffers(means, pooled_keys, like, shape, batch_size):
+    """The buffers of an incremental pooling (fp_pool_kv), checked: (k_mean, v_mean) float32
+    of `shape` in like's place (v_mean may be None) and pooled_keys None or [batch_size]
+    integers (converted to int32 in like's place). Returns (k_mean pointer, v_mean pointer or
+    None, pooled_keys Array or None)."""
+    ptrs = []
+    for name, m in zip(("k_mean", "v_mean"), means):
+        if m is None:
+            ptrs.append(None)
+            continue
+        a = _arrays.Array(m, name)
+        _arrays.require_same_place(like, a)
+        _arrays.require(a, "float32", shape)
+        ptrs.append(a.ptr)
+    done = None
+    if pooled_keys is not None:
+        done, _ = _arrays.int32_metadata(pooled_keys, like, "pooled_keys")
+        if done.shape != (batch_size,):
+            raise ValueError(f"pooled_keys: expected shape [B = {batch_size}], got "
+                             f"{done.shape}")
+    return ptrs[0], ptrs[1], done
+
+
 def index_struct(index, problem):
     """The fp_index of `index` (whose arrays it points into) for a BuiltProblem.
 

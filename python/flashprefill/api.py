@@ -46,7 +46,7 @@ or TypeError here.
 import ctypes
 
 from . import _arrays, _fp8, _lib
-from ._index import Index, SelectConfig, index_struct, query_sizes
+from ._index import Index, SelectConfig, index_struct, pool_buffers, query_sizes
 from ._problem import build_problem
 
 
@@ -263,25 +263,12 @@ def pool_kv(q, k, v=None, config=None, means=None, pooled_keys=None, cu_seqlens_
     if means is None:
         means = (_arrays.empty(problem.q, shape, "float32"),
                  _arrays.empty(problem.q, shape, "float32") if config.mean_correction else None)
-    ptrs = []
-    for name, m in zip(("k_mean", "v_mean"), means):
-        if m is None:
-            ptrs.append(None)
-            continue
-        a = _arrays.Array(m, name)
-        _arrays.require_same_place(problem.q, a)
-        _arrays.require(a, "float32", shape)
-        ptrs.append(a.ptr)
-    done = None
-    if pooled_keys is not None:
-        done, _ = _arrays.int32_metadata(pooled_keys, problem.q, "pooled_keys")
-        if done.shape != (problem.c.batch_size,):
-            raise ValueError(f"pooled_keys: expected shape [B = {problem.c.batch_size}], got "
-                             f"{done.shape}")
+    k_mean, v_mean, done = pool_buffers(means, pooled_keys, problem.q, shape,
+                                        problem.c.batch_size)
     c_config = config.to_c()
     with problem.guard():
-        _lib.call("fp_pool_kv", ctypes.byref(problem.c), ctypes.byref(c_config), ptrs[0],
-                  ptrs[1], None if done is None else done.ptr)
+        _lib.call("fp_pool_kv", ctypes.byref(problem.c), ctypes.byref(c_config), k_mean,
+                  v_mean, None if done is None else done.ptr)
     return means
 
 

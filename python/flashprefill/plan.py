@@ -15,6 +15,11 @@ metadata tensors are int32 on the device (torch tensors of another integer dtype
 are converted once, here) and validate_metadata is False or the first run() happened outside the
 capture.
 
+Chunked prefill with kept means: run(..., means=(k_mean, v_mean), pooled_keys=...) pools only the
+blocks each request has not pooled yet (fp_pool_kv), builds the index from the caller's means
+(fp_build_index under FP_FLAG_MEANS_POOLED) and attends (fp_sparse_attention); the caller keeps
+the means beside its KV cache from one chunk to the next (flashprefill.vllm does).
+
 The functional calls (flashprefill.prefill, dense_attention) remain for one-off use; they build a
 problem on every call.
 """
@@ -24,7 +29,7 @@ import ctypes
 import numpy as np
 
 from . import _arrays, _lib
-from ._index import SelectConfig
+from ._index import SelectConfig, pool_buffers
 
 
 class _Like:
@@ -153,8 +158,10 @@ class Plan:
         self._c = c
         self._c_config = self.config.to_c()
         self._kv_ndim = 4 if paged else 3
-        self._rows = None          # (total_q, kv rows) the workspace was sized for
+        self._rows = None          # (total_q, kv rows, kept means) the workspace was sized for
         self._workspace = None
+        self._index = _lib.Index()            # a run with kept means: its index (cu, idx)
+        self._index_buffers = (None, None)
         self._validate_once = bool(c.flags & _lib.FLAG_VALIDATE_DEVICE_METADATA)
         self._validate_every_run = False
         c.flags &= ~_lib.FLAG_VALIDATE_DEVICE_METADATA
@@ -192,7 +199,9 @@ class Plan:
             raise ValueError(f"{name} is on {device or 'numpy'} but the plan is for "
                              f"{self._like.place()}")
 
-    def _size_workspace(self, total_q, kv_rows):
+    def _size_workspace(self, total_q, kv_rows, pooled):
+        """Sizes the workspace (and, for a run with kept means, the index buffers) for q of
+        total_q rows and KV of kv_rows rows; pointers and strides are already in the problem."""
         c = self._c
         nbytes = ctypes.c_size_t()
         saved, c.flags = c.flags, c.flags & ~_lib.FLAG_VALIDATE_DEVICE_METADATA
@@ -200,17 +209,63 @@ class Plan:
             if self.dense:
                 _lib.call("fp_dense_attention_workspace_size", ctypes.byref(c),
                           ctypes.byref(nbytes))
-            else:
+            elif not pooled:
                 _lib.call("fp_prefill_workspace_size", ctypes.byref(c),
                           ctypes.byref(self._c_config), ctypes.byref(nbytes))
+            else:
+                nbytes.value = self._size_index(c)
         finally:
             c.flags = saved
         self._workspace_bytes = nbytes.value
         if self._workspace is None or self._workspace.nbytes < nbytes.value:
             self._workspace = _arrays.Workspace(self._like, nbytes.value)
-        self._rows = (total_q, kv_rows)
+        self._rows = (total_q, kv_rows, pooled)
 
-    def run(self, q, k, v, out=None, return_lse=False):
+    def _size_index(self, c):
+        """The index of a run with kept means: its sizes, cu and idx (grown when too small);
+        returns the workspace bytes fp_build_index and fp_sparse_attention need."""
+        config = ctypes.byref(self._c_config)
+        sizes = _lib.IndexSizes()
+        _lib.call("fp_index_sizes_query", ctypes.byref(c), config, ctypes.byref(sizes))
+        index_bytes, attention_bytes = ctypes.c_size_t(), ctypes.c_size_t()
+        _lib.call("fp_build_index_workspace_size", ctypes.byref(c), config,
+                  ctypes.byref(index_bytes))
+        _lib.call("fp_sparse_attention_workspace_size", ctypes.byref(c), config,
+                  ctypes.byref(attention_bytes))
+        self._index_sizes = sizes
+        cu, idx = self._index_buffers
+        if cu is None or cu.shape[0] < sizes.num_segments + 1:
+            cu = _arrays.empty(self._like, (sizes.num_segments + 1,), "int32")
+        if idx is None or idx.shape[0] < max(sizes.idx_capacity, 1):
+            idx = _arrays.empty(self._like, (max(sizes.idx_capacity, 1),), "int32")
+        self._index_buffers = (cu, idx)
+        index = self._index
+        index.cu, index.idx = _arrays.Array(cu, "cu").ptr, _arrays.Array(idx, "idx").ptr
+        index.idx_capacity = idx.shape[0]
+        return max(index_bytes.value, attention_bytes.value)
+
+    @property
+    def means_shape(self):
+        """(B, Hkv, max_blocks, D), max_blocks = ceil(max_seqlen_k / block_size): the shape of
+        the float32 k_mean and v_mean a run with kept means takes."""
+        c = self._c
+        return (c.batch_size, c.num_heads_kv, -(-c.max_seqlen_k // self.config.block_size),
+                c.head_dim)
+
+    def _means(self, means, pooled_keys):
+        """(k_mean, v_mean, pooled_keys) pointers of a run with kept means, checked."""
+        if self.dense:
+            raise ValueError("means: a dense plan builds no index; kept means are for sparse "
+                             "plans")
+        if not isinstance(means, (tuple, list)) or len(means) != 2:
+            raise TypeError("means: expected (k_mean, v_mean)")
+        if (means[1] is None) == self.config.mean_correction:
+            raise ValueError("means: v_mean must be given with mean correction and None "
+                             "without it")
+        return pool_buffers(means, pooled_keys, self._like, self.means_shape,
+                            self._c.batch_size)
+
+    def run(self, q, k, v, out=None, return_lse=False, *, means=None, pooled_keys=None):
         """Attention of one layer under this plan.
 
         Args:
@@ -219,6 +274,17 @@ class Plan:
                 Hkv, D]; in the plan's dtype and place, head dimension contiguous.
             out: optional [total_q, Hq, D] destination in q's dtype and place.
             return_lse: also return lse [Hq, total_q] float32.
+            means: sparse plans: (k_mean, v_mean) float32 [B, Hkv, max_blocks, D]
+                (means_shape), contiguous, in the plan's place, that the caller keeps beside
+                its KV cache; v_mean is None without mean correction. The blocks from key
+                pooled_keys[b] on (the block holding it included) are pooled into them
+                (fp_pool_kv), the lower ones are used as they are; the index is built from them
+                (FP_FLAG_MEANS_POOLED) and attended. When the lower blocks hold their Eq. 5
+                means, the selection and the output are those of a run without means, bit for
+                bit. On return every block of every request holds its mean. None: the library
+                pools every block in its workspace (fp_prefill).
+            pooled_keys: with means: [B] integers (int32 in the plan's place is used as is),
+                0 <= pooled_keys[b] <= L_kv(b); None pools every block.
 
         Returns:
             out, or (out, lse).
@@ -227,7 +293,10 @@ class Plan:
         if return_lse:
             lse = _arrays.empty(_arrays.Array(q, "q"), (self._c.num_heads_q, q.shape[0]),
                                 "float32")
-        out = self._run(q, k, v, out, lse)
+        kept = None if means is None else self._means(means, pooled_keys)
+        if kept is None and pooled_keys is not None:
+            raise ValueError("pooled_keys: given without means")
+        out = self._run(q, k, v, out, lse, kept=kept)
         return out if lse is None else (out, lse)
 
     def _view(self, a, name, ndim, heads):
@@ -244,10 +313,11 @@ class Plan:
         view = _arrays.Array(a, name)
         return view.ptr, view.shape, view.strides
 
-    def _run(self, q, k, v, out, lse, per_call_workspace=False):
+    def _run(self, q, k, v, out, lse, per_call_workspace=False, kept=None):
         """run() with lse given as a buffer (or None); per_call_workspace takes the workspace
         from the allocator for this call only (the torch ops' path, where plans are shared by
-        calls that may run on different streams)."""
+        calls that may run on different streams); kept: the checked pointers of run()'s means
+        and pooled_keys, or None."""
         c = self._c
         kv_ndim = self._kv_ndim
         c.q, q_shape, q_strides = self._view(q, "q", 3, c.num_heads_q)
@@ -268,8 +338,8 @@ class Plan:
             c.k_stride_token, c.k_stride_head = k_strides[0], k_strides[1]
             c.v_stride_token, c.v_stride_head = v_strides[0], v_strides[1]
             kv_rows = k_shape[0]
-        if self._rows != (total_q, kv_rows):
-            self._size_workspace(total_q, kv_rows)
+        if self._rows != (total_q, kv_rows, kept is not None):
+            self._size_workspace(total_q, kv_rows, kept is not None)
         if out is None:
             out = _arrays.empty(self._like, tuple(q_shape))
         o = self._out
@@ -292,12 +362,14 @@ class Plan:
             ws = self._workspace
         if self._validate_every_run or self._validate_once:
             c.flags |= _lib.FLAG_VALIDATE_DEVICE_METADATA
+        call = self._call_kept if kept is not None else self._call
+        args = (kept, ws) if kept is not None else (*self._call_args, ws.ptr, ws.nbytes)
         if self._cuda_index is None:
-            status = self._call(*self._call_args, ws.ptr, ws.nbytes)
+            status = call(*args)
         else:
             c.stream = _arrays.raw_stream(self._cuda_index)
             with _arrays.device_guard_index(self._cuda_index):
-                status = self._call(*self._call_args, ws.ptr, ws.nbytes)
+                status = call(*args)
         if self._validate_once:
             self._validate_once = False
         if not self._validate_every_run:
@@ -306,3 +378,28 @@ class Plan:
             raise _lib.FlashPrefillError(status, _lib.lib.fp_last_error_message().decode(
                 errors="replace"))
         return out
+
+    def _call_kept(self, kept, ws):
+        """A run with kept means: fp_pool_kv of the blocks not pooled yet, fp_build_index from
+        the means, fp_sparse_attention; the first failing call's status. Metadata validation,
+        when asked for, happens in the first call."""
+        c, config = self._c, ctypes.byref(self._c_config)
+        k_mean, v_mean, pooled_keys = kept
+        index = self._index
+        index.k_mean, index.v_mean = k_mean, v_mean
+        lib = _lib.lib
+        status = lib.fp_pool_kv(ctypes.byref(c), config, k_mean, v_mean,
+                                None if pooled_keys is None else pooled_keys.ptr)
+        validating = c.flags & _lib.FLAG_VALIDATE_DEVICE_METADATA
+        c.flags = (c.flags & ~_lib.FLAG_VALIDATE_DEVICE_METADATA) | _lib.FLAG_MEANS_POOLED
+        try:
+            if status == _lib.Status.OK:
+                status = lib.fp_build_index(ctypes.byref(c), config, ctypes.byref(index),
+                                            ws.ptr, ws.nbytes)
+            c.flags &= ~_lib.FLAG_MEANS_POOLED
+            if status == _lib.Status.OK:
+                status = lib.fp_sparse_attention(ctypes.byref(c), config, ctypes.byref(index),
+                                                 ctypes.byref(self._out), ws.ptr, ws.nbytes)
+        finally:
+            c.flags = (c.flags & ~_lib.FLAG_MEANS_POOLED) | validating
+        return status

@@ -139,3 +139,73 @@ def test_plan_range_checks_its_integers(rng):
     _, _, _, cu_q, cu_k = contiguous_problem(rng)
     with pytest.raises(ValueError, match="num_heads_q = 4294967300 does not fit in int32"):
         fp.Plan(2**32 + 4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k)
+
+
+@pytest.mark.parametrize("mean_correction", [True, False])
+def test_run_with_kept_means_equals_run_without(rng, mean_correction):
+    """A second chunk that pools only its new blocks into means kept from the first gives the
+    run without means bit for bit (output and lse), and leaves every block's mean behind."""
+    config = fp.SelectConfig(alpha=0.3, sink_tokens=64, window_tokens=128,
+                             mean_correction=mean_correction)
+    q, k, v, cu_q, cu_k = contiguous_problem(rng)
+    plan = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k,
+                   config=config)
+    assert plan.means_shape == (2, 2, 6, 32)
+    # The first chunk: request 1's first 450 keys (request 0 whole), pooled from scratch.
+    first_cu_k = cu_of([300, 450])
+    first_k = np.concatenate([k[:300], k[300:750]])
+    first_v = np.concatenate([v[:300], v[300:750]])
+    pooled = fp.pool_kv(q, first_k, first_v, config, cu_seqlens_q=cu_of([300, 200]),
+                        cu_seqlens_k=first_cu_k, max_seqlen_q=300, max_seqlen_k=700)
+    means = tuple(None if m is None else m.copy() for m in pooled)
+    expected = plan.run(q, k, v, return_lse=True)
+    got = plan.run(q, k, v, return_lse=True, means=means, pooled_keys=[300, 450])
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+    fresh = fp.pool_kv(q, k, v, config, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    for kept, want in zip(means, fresh):
+        if want is not None:
+            np.testing.assert_array_equal(kept[0, :, :3], want[0, :, :3])
+            np.testing.assert_array_equal(kept[1], want[1])
+    # A stale lower block is taken as it is: the means are the caller's to keep current.
+    # (Block 1 of request 1 made to match its queries: it becomes the highest-energy block.)
+    means[0][1, :, 1] = 10.0 * q[300:].reshape(200, 2, 2, 32).mean(axis=(0, 2))
+    stale = plan.run(q, k, v, means=means, pooled_keys=[300, 450])
+    assert not np.array_equal(stale[300:], expected[0][300:])
+    np.testing.assert_array_equal(stale[:300], expected[0][:300])
+    # pooled_keys None pools every block.
+    again = plan.run(q, k, v, means=means)
+    np.testing.assert_array_equal(again, expected[0])
+
+
+def test_run_with_kept_means_rejects_what_does_not_fit(rng):
+    q, k, v, cu_q, cu_k = contiguous_problem(rng)
+    plan = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k)
+    means = tuple(np.zeros(plan.means_shape, np.float32) for _ in range(2))
+    with pytest.raises(ValueError, match="pooled_keys: given without means"):
+        plan.run(q, k, v, pooled_keys=[0, 0])
+    with pytest.raises(TypeError, match=r"means: expected \(k_mean, v_mean\)"):
+        plan.run(q, k, v, means=means[0])
+    with pytest.raises(ValueError, match="v_mean must be given with mean correction"):
+        plan.run(q, k, v, means=(means[0], None))
+    with pytest.raises(ValueError, match=r"k_mean: expected shape \(2, 2, 6, 32\)"):
+        plan.run(q, k, v, means=(means[0][:, :, :5], means[1]))
+    with pytest.raises(ValueError, match="v_mean: expected dtype float32"):
+        plan.run(q, k, v, means=(means[0], means[1].astype(np.float16)))
+    with pytest.raises(ValueError, match="k_mean: must be contiguous"):
+        plan.run(q, k, v, means=(np.zeros((2, 6, 2, 32), np.float32).transpose(0, 2, 1, 3),
+                                 means[1]))
+    with pytest.raises(ValueError, match=r"pooled_keys: expected shape \[B = 2\]"):
+        plan.run(q, k, v, means=means, pooled_keys=[0])
+    with pytest.raises(fp.FlashPrefillError, match="pooled_keys"):
+        plan.run(q, k, v, means=means, pooled_keys=[0, 701])  # past L_kv: the library's check
+    dense = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k, dense=True)
+    with pytest.raises(ValueError, match="a dense plan builds no index"):
+        dense.run(q, k, v, means=means)
+    uncorrected = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k,
+                          config=fp.SelectConfig(mean_correction=False))
+    with pytest.raises(ValueError, match="None without it"):
+        uncorrected.run(q, k, v, means=means)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="k_mean is on torch:cpu but plan is on numpy"):
+        plan.run(q, k, v, means=(torch.zeros(plan.means_shape), means[1]))

@@ -4,6 +4,9 @@ prefix-cache-hit requests; block size 16; shuffled pool blocks in FLASH_ATTN's c
 gives, row for row, the library's contiguous call and exact attention. CPU tensors always;
 CUDA tensors (bfloat16) when torch sees a GPU and the library has its CUDA path."""
 
+import dataclasses
+import types
+
 import numpy as np
 import pytest
 
@@ -212,10 +215,14 @@ def test_kv_views_checks_the_shape():
 def test_settings_from_env():
     s = vb.Settings.from_env({"FLASHPREFILL_ALPHA": "0.25", "FLASHPREFILL_MIN_SPARSE_LEN": "64",
                               "FLASHPREFILL_MEAN_CORRECTION": "off", "FLASHPREFILL_VLLM_CPU": "1",
-                              "FLASHPREFILL_SINK_TOKENS": ""})
-    assert s == vb.Settings(alpha=0.25, min_sparse_len=64, mean_correction=False, cpu=True)
+                              "FLASHPREFILL_SINK_TOKENS": "", "FLASHPREFILL_KEEP_MEANS": "yes"})
+    assert s == vb.Settings(alpha=0.25, min_sparse_len=64, mean_correction=False, cpu=True,
+                            keep_means=True)
     assert vb.Settings.from_env({}) == vb.Settings()
     assert not vb.Settings.from_env({}).cpu
+    assert not vb.Settings.from_env({}).keep_means
+    with pytest.raises(ValueError, match="FLASHPREFILL_KEEP_MEANS='2'"):
+        vb.Settings.from_env({"FLASHPREFILL_KEEP_MEANS": "2"})
     with pytest.raises(ValueError, match="FLASHPREFILL_ALPHA='x'"):
         vb.Settings.from_env({"FLASHPREFILL_ALPHA": "x"})
     with pytest.raises(ValueError, match="FLASHPREFILL_VLLM_CPU='maybe'"):
@@ -226,6 +233,16 @@ def test_settings_from_env():
         vb.Settings(block_size=100)
 
 
+def test_kept_means_refuse_a_kv_connector():
+    engine = types.SimpleNamespace(kv_transfer_config=object())
+    with pytest.raises(ValueError, match="FLASHPREFILL_KEEP_MEANS=1 cannot be used with a KV "
+                                         "connector"):
+        vb.refuse_kept_means_with_kv_transfer(vb.Settings(keep_means=True), engine)
+    vb.refuse_kept_means_with_kv_transfer(vb.Settings(), engine)
+    vb.refuse_kept_means_with_kv_transfer(vb.Settings(keep_means=True),
+                                          types.SimpleNamespace(kv_transfer_config=None))
+
+
 def test_consecutive_span_share():
     table = np.array([[4, 5, 6, 7, 8, 9, 10, 11, 3, 2, 1, 0, 12, 13, 14, 15, 99],
                       [20, 21, 22, 23, 24, 25, 26, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
@@ -233,3 +250,185 @@ def test_consecutive_span_share():
     # request 1: 128 keys, one consecutive span
     assert vb.consecutive_span_share(table, [260, 128], 16) == (1 + 1, 2 + 1)
     assert vb.consecutive_span_share(table, [260, 128], 128) == (3, 3)  # one block per span
+
+
+
+# Kept means (Settings.keep_means): forwards of one engine over a persistent pool, each run
+# twice on the same cache, through the layer's KeptMeans and pooling every block from scratch.
+
+class Pool:
+    """A paged KV pool in FLASH_ATTN's layout (block size 16, blocks handed out shuffled) and
+    the KeptMeans of its layer; a forward writes it as vLLM's cache update does (write_kv,
+    then KeptMeans.invalidate)."""
+
+    def __init__(self, rng, num_blocks, device, dtype, settings):
+        storage = torch.full((num_blocks, BLOCK, HKV, 2 * D), float("nan"), dtype=dtype,
+                             device=device)
+        self.key_cache, self.value_cache = vb.kv_views(storage.transpose(1, 2), D)
+        self.free = [int(b) for b in rng.permutation(num_blocks)]
+        self.kept = vb.KeptMeans(self.key_cache, settings.block_size, settings.mean_correction)
+        self.settings, self.device, self.dtype = settings, device, dtype
+
+    def tensor(self, a):
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device=self.device, dtype=self.dtype)
+
+    def forward(self, steps):
+        """steps: (Seq, new tokens) pairs. Writes their new keys and values, then returns the
+        step's ForwardBatch and q (every request's new rows)."""
+        slots = []
+        for seq, new in steps:
+            while len(seq.blocks) * BLOCK < seq.computed + new:
+                seq.blocks.append(self.free.pop())
+            positions = np.arange(seq.computed, seq.computed + new)
+            slots.append(np.asarray(seq.blocks)[positions // BLOCK] * BLOCK + positions % BLOCK)
+        new_rows = lambda a: np.concatenate([getattr(seq, a)[seq.computed:seq.computed + new]
+                                             for seq, new in steps])
+        q, k, v = (self.tensor(new_rows(a)) for a in "qkv")
+        slot_mapping = torch.from_numpy(np.concatenate(slots)).to(self.device)
+        vb.write_kv(k, v, self.key_cache, self.value_cache, slot_mapping)
+        self.kept.invalidate(slot_mapping)
+        for seq, new in steps:
+            seq.computed += new
+        table = np.zeros((len(steps), max(len(seq.blocks) for seq, _ in steps) + 2), np.int32)
+        for r, (seq, _) in enumerate(steps):
+            table[r, :len(seq.blocks)] = seq.blocks
+        query_start_loc = torch.from_numpy(cu_of([new for _, new in steps])).to(self.device)
+        seq_lens = torch.tensor([seq.computed for seq, _ in steps], dtype=torch.int32,
+                                device=self.device)
+        batch = vb.ForwardBatch(self.settings, query_start_loc, seq_lens,
+                                torch.from_numpy(table).to(self.device),
+                                query_start_loc_cpu=query_start_loc.cpu(),
+                                seq_lens_cpu=seq_lens.cpu())
+        return batch, q
+
+    def kept_of(self, batch):
+        """(sparse part, (k_mean, v_mean), pooled_keys) as the part's next run would take
+        them from the kept means."""
+        part = next(p for p in batch.parts if not p.dense)
+        rows = part.mean_rows(self.kept, -(-part.max_seqlen_k // self.settings.block_size))
+        means, pooled_keys = self.kept.gather(rows)
+        return part, means, pooled_keys.cpu().tolist()
+
+    def run_both(self, batch, q):
+        """(kept, rebuilt): the forward's rows through the kept means and from scratch."""
+        outs = {}
+        for kept in (None, self.kept):
+            out = torch.full_like(q, 7.0)
+            batch.run(q, self.key_cache, self.value_cache, out, 1.0 / np.sqrt(D), kept)
+            outs[kept is not None] = out.float().cpu().numpy()
+        return outs[True], outs[False]
+
+
+class Seq:
+    """A request: keys, values and queries for all its positions, and its pool blocks; with
+    a prefix, a prefix-cache hit on its first prefix_len keys (the same keys, the same
+    blocks)."""
+
+    def __init__(self, rng, length, prefix=None, prefix_len=0):
+        self.q, self.k, self.v = structured_qkv(rng, length, length, HQ, HKV, D)
+        self.blocks, self.computed = [], 0
+        if prefix is not None:
+            self.k[:prefix_len], self.v[:prefix_len] = prefix.k[:prefix_len], prefix.v[:prefix_len]
+            self.blocks = list(prefix.blocks[:prefix_len // BLOCK])
+            self.computed = prefix_len
+
+
+def check_forward(pool, steps, pooled_keys):
+    """One forward: the kept means hold `pooled_keys` keys of each sparse request (in the
+    part's order), and the output through them is the output of pooling every block."""
+    batch, q = pool.forward(steps)
+    assert pool.kept_of(batch)[2] == pooled_keys
+    kept, rebuilt = pool.run_both(batch, q)
+    np.testing.assert_array_equal(kept, rebuilt)
+    assert np.isfinite(kept).all()
+    return batch, q, kept
+
+
+def check_selection(pool, batch, seqs):
+    """Every sparse request's filled blocks hold their Eq. 5 means (rounded to the cache's
+    dtype), and the index built from them, with the partial block pooled, is the index
+    built from scratch."""
+    part, (k_kept, v_kept), pooled_keys = pool.kept_of(batch)
+    config = pool.settings.select_config()
+    for i, r in enumerate(part.requests):
+        seq = seqs[r]
+        q, k, v = (pool.tensor(getattr(seq, a)[:seq.computed]) for a in "qkv")
+        q = q[-200:]
+        fresh = fp.build_index(q, k, v, config=config)
+        blocks, filled = fresh.k_mean.shape[2], seq.computed // config.block_size
+        assert pooled_keys[i] == filled * config.block_size
+        means = tuple(None if m is None else m[i:i + 1, :, :blocks].contiguous()
+                      for m in (k_kept, v_kept))
+        for got, want in zip(means, (fresh.k_mean, fresh.v_mean)):
+            if want is not None:
+                np.testing.assert_array_equal(got[:, :, :filled].cpu().numpy(),
+                                              want[:, :, :filled].to(pool.dtype).float().cpu())
+        means = fp.pool_kv(q, k, v, config=config, means=means, pooled_keys=[pooled_keys[i]])
+        reused = fp.build_index(q, k, v, config=config, means=means)
+        np.testing.assert_array_equal(reused.cu.cpu(), fresh.cu.cpu())
+        n = int(fresh.cu[-1])
+        np.testing.assert_array_equal(reused.idx[:n].cpu(), fresh.idx[:n].cpu())
+
+
+KEPT_SETTINGS = dataclasses.replace(SETTINGS, keep_means=True)
+
+
+@pytest.mark.parametrize("device,dtype", [
+    pytest.param("cpu", torch.float32, id="cpu-float32"),
+    pytest.param("cpu", torch.bfloat16, id="cpu-bfloat16"),
+    *[pytest.param("cuda", dt, id=f"cuda-{name}", marks=PLACES[1].marks)
+      for name, dt in (("bfloat16", torch.bfloat16), ("float16", torch.float16))]])
+@pytest.mark.parametrize("mean_correction", [True, False], ids=["corrected", "uncorrected"])
+def test_kept_means_equal_pooling_every_block(rng, device, dtype, mean_correction):
+    """Chunked prefill, a request that ran dense before, a prefix-cache hit, and preemption
+    with block reuse: every forward's output through the kept means is, bit for bit, the
+    output of pooling every block, and the kept means hold the right blocks."""
+    settings = dataclasses.replace(KEPT_SETTINGS, mean_correction=mean_correction)
+    pool = Pool(rng, 400, device, dtype, settings)
+    a, b = Seq(rng, 1100), Seq(rng, 1000)
+    # 1: A's first chunk runs sparse and pools 4 filled blocks of 128; B's (300 keys) dense.
+    check_forward(pool, [(a, 600), (b, 300)], [0])
+    # 2: A's next chunk takes its 512 pooled keys; B turns sparse and pools from 0 (its dense
+    # chunk kept nothing); C hits A's first 512 keys in the prefix cache and takes their means.
+    c = Seq(rng, 1600, prefix=a, prefix_len=512)
+    batch, q, out = check_forward(pool, [(a, 500), (b, 400), (c, 400)], [512, 0, 512])
+    tol = tolerance(device) if dtype == torch.float32 else dict(rtol=0, atol=3e-2)
+    for r, seq in enumerate((a, b, c)):
+        rows = slice(int(batch.starts[r]), int(batch.starts[r + 1]))
+        k, v = (pool.tensor(getattr(seq, x)[:seq.computed]) for x in "kv")
+        want = fp.prefill(q[rows], k, v, **sparse_kwargs(settings))
+        np.testing.assert_allclose(out[rows], want.float().cpu().numpy(), **tol)
+    # 3: A is preempted: its blocks past the shared prefix return to the pool and D (first in
+    # the batch, so it takes them) writes its keys into them in A's order: D's selection
+    # blocks end in cache blocks where A's kept means were current. The cache update made
+    # them stale: D pools from 0; B and C go on.
+    pool.free += a.blocks[512 // BLOCK:][::-1]
+    d = Seq(rng, 1000)
+    check_forward(pool, [(d, 800), (b, 300), (c, 300)], [0, 640, 896])
+    assert d.blocks[:len(a.blocks) - 512 // BLOCK] == a.blocks[512 // BLOCK:]
+    batch, _, _ = check_forward(pool, [(c, 300), (d, 200)], [1152, 768])
+    check_selection(pool, batch, [c, d])
+
+
+def test_kept_means_entries_per_cache_block(rng):
+    """A selection block's mean lives at the cache block of its last key: cache blocks of 256
+    keys hold two selection blocks' means each, blocks of 48 or 128 at most one; a write to a
+    cache block makes all of its entries stale; padding slots touch only the scratch row."""
+    for page, ends in ((256, 2), (48, 1), (128, 1)):
+        kept = vb.KeptMeans(torch.zeros(20, page, HKV, D), 128, True)
+        assert kept.ends == ends and kept.k.shape == (20 * ends + 1, HKV, D)
+        assert kept.v.shape == kept.k.shape
+        pages = -(-768 // page)
+        table = torch.from_numpy(rng.permutation(20)[:pages].astype(np.int32))[None]
+        rows = kept.rows(table, torch.tensor([700]), 6)
+        last = np.arange(6) * 128 + 127
+        want = table[0, last // page].numpy() * ends + (last % page) // 128
+        want[700 // 128:] = kept.scratch  # block 5 (keys 640 .. 767) is not filled
+        np.testing.assert_array_equal(rows[0].numpy(), want)
+        kept.current[:] = True
+        written = int(table[0, 2])
+        kept.invalidate(torch.tensor([-1, written * page + 5, -1]))
+        stale = list(range(written * ends, (written + 1) * ends))
+        assert [i for i in range(kept.scratch) if not kept.current[i]] == stale
+        assert not bool(kept.current[kept.scratch])
+    assert vb.KeptMeans(torch.zeros(4, 16, HKV, D), 128, False).v is None

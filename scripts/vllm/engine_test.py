@@ -3,8 +3,8 @@
     python scripts/vllm/engine_test.py MODEL_DIR [--work DIR]
 
 Runs one engine per configuration, each in its own process (vLLM's in-process engine core, so
-the attention layers can be observed): the stock backend, flashprefill at alpha = 0 and
-flashprefill at its default selection. Every engine gets the same workload: a warm-up prompt,
+the attention layers can be observed): the stock backend, flashprefill at alpha = 0,
+flashprefill at its default selection, and the same with kept means (FLASHPREFILL_KEEP_MEANS). Every engine gets the same workload: a warm-up prompt,
 then three prompts submitted together (two share the warm-up's 1024-token prefix, so prefix
 caching serves it; 1K-3K tokens each), chunked prefill with max_num_batched_tokens = 512 so
 prompts split into chunks that extend a cached prefix, block size 32, greedy decoding of
@@ -17,7 +17,11 @@ Checks (exit status 1 when one fails):
     against exact float64 attention over keys and values read back from the paged cache with
     torch indexing (alpha = 0: within FLOAT32_TOLERANCE), and against the library's
     contiguous call on those keys (both configurations: within FLOAT32_TOLERANCE);
-  * prefix caching served the shared prefix and prefill ran in chunks that extend a prefix.
+  * prefix caching served the shared prefix and prefill ran in chunks that extend a prefix;
+  * kept means: the same tokens and log-probabilities as the default selection, bit for bit;
+    the checked layer's output, in every forward, equal to the same forward pooling every
+    block from scratch (the rebuild), bit for bit; and chunks did take pooled keys from the
+    kept means (earlier chunks, the shared prefix).
 Reported: token agreement and log-probability differences at the default selection, the
 error against exact attention there, and how fragmented the block tables were (the share of
 128-key spans whose blocks lie in consecutive pool rows, over every request of every forward).
@@ -44,6 +48,7 @@ CONFIGS = {
     "flashprefill-alpha0": {"FLASHPREFILL_VLLM_CPU": "1", "FLASHPREFILL_ALPHA": "0",
                             "FLASHPREFILL_MIN_SPARSE_LEN": "0"},
     "flashprefill-default": {"FLASHPREFILL_VLLM_CPU": "1"},
+    "flashprefill-kept-means": {"FLASHPREFILL_VLLM_CPU": "1", "FLASHPREFILL_KEEP_MEANS": "1"},
 }
 
 
@@ -78,10 +83,11 @@ class LayerCheck:
 
     def __init__(self, layer_name):
         self.layer_name = layer_name
-        self.worst = {"exact": 0.0, "library": 0.0}
+        self.worst = {"exact": 0.0, "library": 0.0, "rebuilt": 0.0}
         self.rows = 0
         self.extend_requests = 0
         self.spans = [0, 0]
+        self.kept_keys = [0, 0]  # keys of filled blocks taken from the kept means, of all
 
     def install(self):
         from flashprefill.vllm import backend
@@ -90,13 +96,31 @@ class LayerCheck:
 
         def forward(impl, layer, query, key, value, kv_cache, attn_metadata, output, *args,
                     **kwargs):
+            observed = (attn_metadata is not None and
+                        getattr(layer, "layer_name", "") == check.layer_name)
+            if observed:
+                check.count_kept(impl, kv_cache, attn_metadata.batch)
             result = original(impl, layer, query, key, value, kv_cache, attn_metadata, output,
                               *args, **kwargs)
-            if attn_metadata is not None and getattr(layer, "layer_name", "") == check.layer_name:
+            if observed:
                 check.observe(impl, query, kv_cache, attn_metadata.batch, output)
             return result
 
         backend.FlashPrefillCPUImpl.forward = forward
+
+    def count_kept(self, impl, kv_cache, batch):
+        """Before the layer runs: the keys its sparse requests will take from the kept means."""
+        from flashprefill.vllm import batch as vb
+        kept = impl.kept_means
+        block = batch.settings.block_size
+        for part in batch.parts:
+            if part.dense:
+                continue
+            filled = batch.seq_lens_host[part.requests] // block * block
+            self.kept_keys[1] += int(filled.sum())
+            if kept is not None and kept.fits(vb.kv_views(kv_cache, impl.head_size)[0]):
+                rows = part.mean_rows(kept, -(-part.max_seqlen_k // block))
+                self.kept_keys[0] += int(kept.gather(rows)[1].sum())
 
     def observe(self, impl, query, kv_cache, batch, output):
         import torch
@@ -104,6 +128,11 @@ class LayerCheck:
         import flashprefill as fp
         from flashprefill.vllm import batch as vb
         key_cache, value_cache = vb.kv_views(kv_cache, impl.head_size)
+        if impl.kept_means is not None:  # the same forward, every block pooled from scratch
+            rebuilt = output.clone()
+            batch.run(query, key_cache, value_cache, rebuilt, impl.scale)
+            self.worst["rebuilt"] = max(self.worst["rebuilt"],
+                                        float((rebuilt - output).abs().max()))
         block_size = key_cache.shape[1]
         consecutive, total = vb.consecutive_span_share(batch.block_table, batch.seq_lens_host,
                                                        block_size)
@@ -147,8 +176,10 @@ class LayerCheck:
     def report(self):
         return {"max_abs_error_vs_exact": self.worst["exact"],
                 "max_abs_error_vs_library_contiguous": self.worst["library"],
+                "max_abs_diff_vs_rebuilt": self.worst["rebuilt"],
                 "rows_checked": self.rows, "extend_requests_checked": self.extend_requests,
-                "consecutive_spans": self.spans[0], "spans": self.spans[1]}
+                "consecutive_spans": self.spans[0], "spans": self.spans[1],
+                "kept_keys_taken": self.kept_keys[0], "filled_keys": self.kept_keys[1]}
 
 
 def run_engine(model, config, out_path):
@@ -239,7 +270,7 @@ def main():
               f"{r['generate_s']:.0f} s); prompt tokens {r['prompt_tokens']}, served from the "
               f"prefix cache {r['cached_tokens']}", flush=True)
     failures = []
-    for name in ("flashprefill-alpha0", "flashprefill-default"):
+    for name in ("flashprefill-alpha0", "flashprefill-default", "flashprefill-kept-means"):
         r, c = results[name], compare(results["stock"], results[name])
         lc = r["layer_check"]
         print(f"{name} vs stock: token agreement {c['token_agreement']:.3f}, first divergence "
@@ -251,6 +282,20 @@ def main():
               f"{lc['max_abs_error_vs_library_contiguous']:.2e}")
         print(f"  block tables: {lc['consecutive_spans']} of {lc['spans']} 128-key spans in "
               f"consecutive pool rows ({lc['consecutive_spans'] / max(lc['spans'], 1):.1%})")
+        if name == "flashprefill-kept-means":
+            same = compare(results["flashprefill-default"], r)
+            print(f"  kept means: {lc['kept_keys_taken']} of {lc['filled_keys']} keys of filled "
+                  f"blocks taken from the kept means; max |out - rebuilt| "
+                  f"{lc['max_abs_diff_vs_rebuilt']:.2e}; vs flashprefill-default: token "
+                  f"agreement {same['token_agreement']:.3f}, max |logprob diff| "
+                  f"{same['max_logprob_diff_while_equal']:.2e}")
+            if lc["max_abs_diff_vs_rebuilt"] != 0.0:
+                failures.append("kept means: layer output differs from pooling every block")
+            if lc["kept_keys_taken"] == 0:
+                failures.append("kept means: no chunk took pooled keys from the kept means")
+            if same["token_agreement"] != 1.0 or same["max_logprob_diff_while_equal"] != 0.0:
+                failures.append("kept means: tokens or log-probabilities differ from "
+                                "flashprefill-default")
         if lc["max_abs_error_vs_library_contiguous"] > FLOAT32_TOLERANCE:
             failures.append(f"{name}: layer output differs from the library's contiguous call")
         if lc["extend_requests_checked"] == 0:

@@ -11,6 +11,8 @@ here, and every request through the library's CPU path (prefill block-sparse, de
 because CPU_ATTN's decode kernel reads only its own cache layout.
 
 Settings: batch.Settings, read from FLASHPREFILL_* variables when a metadata builder is made.
+With FLASHPREFILL_KEEP_MEANS=1 every layer's impl keeps a batch.KeptMeans beside its cache: the
+cache update marks the written blocks' means stale, the forward pools only what is not current.
 """
 
 from dataclasses import dataclass
@@ -146,6 +148,7 @@ class FlashPrefillMetadataBuilder(AttentionMetadataBuilder[FlashPrefillMetadata]
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
         self.settings = fp_batch.Settings.from_env()
+        fp_batch.refuse_kept_means_with_kv_transfer(self.settings, vllm_config)
         self.decode_builder = FlashAttentionMetadataBuilder(kv_cache_spec, layer_names,
                                                             vllm_config, device)
         _ensure_reordered(self)
@@ -178,6 +181,24 @@ class _Impl(AttentionImpl):
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
+        self.settings = fp_batch.Settings.from_env()  # the builders' settings, read alike
+        self.kept_means = None  # batch.KeptMeans of this layer's cache (keep_means)
+
+    def _kept_means(self, key_cache):
+        """This layer's KeptMeans for key_cache (made at the first cache update or forward,
+        and again when the cache is reallocated), or None without keep_means."""
+        if not self.settings.keep_means:
+            return None
+        if self.kept_means is None or not self.kept_means.fits(key_cache):
+            self.kept_means = fp_batch.KeptMeans(key_cache, self.settings.block_size,
+                                                 self.settings.mean_correction)
+        return self.kept_means
+
+    def _invalidate_kept_means(self, kv_cache, slot_mapping):
+        """After a cache update: the means of the blocks it wrote are stale."""
+        kept = self._kept_means(fp_batch.kv_views(kv_cache, self.head_size)[0])
+        if kept is not None:
+            kept.invalidate(slot_mapping)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -190,7 +211,8 @@ class _Impl(AttentionImpl):
             self.decode_impl.forward(layer, query, key, value, kv_cache, attn_metadata.decode,
                                      output)
         key_cache, value_cache = fp_batch.kv_views(kv_cache, self.head_size)
-        attn_metadata.batch.run(query, key_cache, value_cache, output, self.scale)
+        attn_metadata.batch.run(query, key_cache, value_cache, output, self.scale,
+                                self._kept_means(key_cache))
         return output
 
 
@@ -209,6 +231,7 @@ class FlashPrefillImpl(_Impl):
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
         self.decode_impl.do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
+        self._invalidate_kept_means(kv_cache, slot_mapping)
 
 
 class FlashPrefillCPUBackend(_Common, AttentionBackend):
@@ -237,6 +260,7 @@ class FlashPrefillCPUMetadataBuilder(AttentionMetadataBuilder[FlashPrefillMetada
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.settings = fp_batch.Settings.from_env()
+        fp_batch.refuse_kept_means_with_kv_transfer(self.settings, vllm_config)
         _ensure_reordered(self)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
@@ -253,3 +277,4 @@ class FlashPrefillCPUImpl(_Impl):
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
         key_cache, value_cache = fp_batch.kv_views(kv_cache, self.head_size)
         fp_batch.write_kv(key, value, key_cache, value_cache, slot_mapping)
+        self._invalidate_kept_means(kv_cache, slot_mapping)

@@ -26,6 +26,10 @@ metadata):
     shorter prefill / extend requests: exact attention through the library.
 A part whose requests are consecutive in the batch reads q and writes out through row views;
 otherwise its rows are gathered and scattered back.
+
+Kept means (Settings.keep_means): a layer's KeptMeans holds the Eq. 5 means of selection blocks
+beside its paged KV cache, so a chunk of a chunked prefill (or a prompt after a prefix-cache hit)
+pools only the blocks it has not pooled yet; see KeptMeans.
 """
 
 import dataclasses
@@ -44,9 +48,17 @@ class Settings(serving.Settings):
         cpu (FLASHPREFILL_VLLM_CPU, 0): on vLLM's CPU platform, replace its CPU_ATTN backend
             with flashprefill's CPU backend (own cache writes, the library's CPU path for
             prefill and decode). Never on by default.
+        keep_means (FLASHPREFILL_KEEP_MEANS, 0): keep the selection blocks' means beside the
+            KV cache (KeptMeans) so that each chunk pools only its new blocks; the same
+            selection and output as pooling every block, bit for bit. Off unless asked for:
+            the means take memory outside vLLM's KV cache budget (a K and a V mean per cache
+            block, 1 / cache block size of the cache's bytes: 6.25 % at vLLM's block size 16,
+            0.8 % at 128; half without mean correction), and they cannot follow KV that a KV
+            connector loads (refused, refuse_kept_means_with_kv_transfer).
     """
 
     cpu: bool = False
+    keep_means: bool = False
 
     ENV_NAMES = {"cpu": "VLLM_CPU"}
 
@@ -108,6 +120,7 @@ class Part:
         if self.page_table.dtype != torch.int32:
             self.page_table = self.page_table.to(torch.int32)
         self._plans = {}
+        self._mean_rows = {}
 
     def plan(self, q, key_cache, softmax_scale, config):
         """The part's plan for this cache and scale (built once, then reused)."""
@@ -122,6 +135,34 @@ class Part:
                         dense=self.dense, validate_metadata=q.device.type != "cuda")
             self._plans[key] = plan
         return plan
+
+    def mean_rows(self, kept, max_blocks):
+        """[requests, max_blocks] int64 on the device: the KeptMeans row of each request's
+        selection block J when its keys fill the block, else kept.scratch (built once per
+        forward and cache layout)."""
+        key = (kept.page_size, kept.block_size, kept.scratch, max_blocks)
+        rows = self._mean_rows.get(key)
+        if rows is None:
+            rows = kept.rows(self.page_table, self.seqlens_k, max_blocks)
+            self._mean_rows[key] = rows
+        return rows
+
+    def run(self, plan, q, key_cache, value_cache, out, kept):
+        """The part's attention into out (rows, or the scattered token_index rows); with a
+        KeptMeans for the sparse part, through the kept means."""
+        means = pooled_keys = mean_rows = None
+        if kept is not None and not self.dense:
+            mean_rows = self.mean_rows(kept, plan.means_shape[2])
+            means, pooled_keys = kept.gather(mean_rows)
+        if self.rows is not None:
+            plan.run(q[self.rows], key_cache, value_cache, out=out[self.rows], means=means,
+                     pooled_keys=pooled_keys)
+        else:
+            result = plan.run(q.index_select(0, self.token_index), key_cache, value_cache,
+                              means=means, pooled_keys=pooled_keys)
+            out.index_copy_(0, self.token_index, result)
+        if mean_rows is not None:
+            kept.store(mean_rows, means)
 
 
 class ForwardBatch:
@@ -180,19 +221,126 @@ class ForwardBatch:
                            seq_host, self.block_table, block_table.device)
                       for mask, is_dense in ((sparse, False), (dense, True)) if mask.any()]
 
-    def run(self, q, key_cache, value_cache, out, softmax_scale):
+    def run(self, q, key_cache, value_cache, out, softmax_scale, kept=None):
         """Writes the attention of every part's rows into out (other rows are left alone).
 
         q [>= num_tokens, Hq, D], out likewise (head dimension contiguous); key_cache and
-        value_cache [num_blocks, block_size, Hkv, D] in q's dtype and place."""
+        value_cache [num_blocks, block_size, Hkv, D] in q's dtype and place; kept: the layer's
+        KeptMeans (for this cache, under these settings' block size and mean correction), or
+        None to pool every block."""
         for part in self.parts:
-            plan = part.plan(q, key_cache, softmax_scale, self.config)
-            if part.rows is not None:
-                plan.run(q[part.rows], key_cache, value_cache, out=out[part.rows])
-            else:
-                rows = plan.run(q.index_select(0, part.token_index), key_cache, value_cache)
-                out.index_copy_(0, part.token_index, rows)
+            part.run(part.plan(q, key_cache, softmax_scale, self.config), q, key_cache,
+                     value_cache, out, kept)
         return out
+
+
+class KeptMeans:
+    """One attention layer's kept block means, beside its paged KV cache.
+
+    Selection block J of a request (keys J * bs .. J * bs + bs - 1, bs = Settings.block_size)
+    whose keys fill it has its mean at the cache block holding its last key, key
+    J * bs + bs - 1: that block is shared (prefix caching) only by requests whose keys agree up
+    to that key, so the mean is the same for all of them. (The cache block of its first key
+    would not do: requests sharing it may differ in the rest of the selection block.) A cache
+    block of `page_size` keys holds the last keys of at most ceil(page_size / bs) selection
+    blocks: entry e = (last key's offset in its cache block) // bs of row
+    cache_block * ends + e.
+
+    Every write to a cache block marks its entries stale (invalidate(), from the KV cache
+    update); a sparse run takes, per request, the leading run of its filled blocks whose
+    entries are current as pooled (gather), the library pools the rest, and the run stores
+    every filled block's mean back as current (store). So preemption, block reuse and prefix
+    caching need no bookkeeping: whatever was not pooled since its cache block was last
+    written is pooled again. Means are stored rounded to the cache dtype, which is exact
+    (every consumer of a mean rounds it to the problem's dtype first, docs/ALGORITHM.md).
+
+    Attributes:
+        page_size, block_size, ends: the cache's block size, the selection block, entries per
+            cache block.
+        k, v: [num_blocks * ends + 1, Hkv, D] in the cache's dtype and place; v is None
+            without mean correction. The last row (`scratch`) takes the reads and writes of
+            blocks a request does not fill and is never current.
+        current: [num_blocks * ends + 1] bool.
+    """
+
+    def __init__(self, key_cache, block_size, mean_correction):
+        torch = _torch()
+        num_blocks, page_size, heads, dim = key_cache.shape
+        self.page_size, self.block_size = int(page_size), int(block_size)
+        self.ends = -(-self.page_size // self.block_size)
+        self.scratch = int(num_blocks) * self.ends
+        shape = (self.scratch + 1, heads, dim)
+        self.k = torch.zeros(shape, dtype=key_cache.dtype, device=key_cache.device)
+        self.v = torch.zeros_like(self.k) if mean_correction else None
+        self.current = torch.zeros(self.scratch + 1, dtype=torch.bool, device=key_cache.device)
+        self._cache = (key_cache.data_ptr(), tuple(key_cache.shape), key_cache.dtype)
+        self._entries = torch.arange(self.ends, device=key_cache.device)
+
+    def fits(self, key_cache):
+        """True when these means belong to this key cache (same storage, shape and dtype)."""
+        return self._cache == (key_cache.data_ptr(), tuple(key_cache.shape), key_cache.dtype)
+
+    def invalidate(self, slot_mapping):
+        """Marks the entries of every cache block that slot_mapping (slot = block * page_size +
+        row; negative slots are padding) writes as stale."""
+        torch = _torch()
+        slots = slot_mapping.to(torch.int64)
+        blocks = slots.div(self.page_size, rounding_mode="floor")
+        rows = (blocks[:, None] * self.ends + self._entries).flatten()
+        rows = torch.where(slots.repeat_interleave(self.ends) >= 0, rows, self.scratch)
+        self.current[rows] = False
+
+    def rows(self, page_table, seqlens_k, max_blocks):
+        """[B, max_blocks] int64: the row of block J of each request (page_table [B, pages],
+        seqlens_k [B], on the device) when its keys fill it, else scratch."""
+        torch = _torch()
+        device = page_table.device
+        bs, page = self.block_size, self.page_size
+        last = torch.arange(max_blocks, device=device) * bs + (bs - 1)
+        column = last.div(page, rounding_mode="floor").clamp(max=page_table.shape[1] - 1)
+        entry = last.remainder(page).div(bs, rounding_mode="floor")
+        rows = page_table.index_select(1, column).to(torch.int64) * self.ends + entry
+        filled = torch.arange(max_blocks, device=device)[None, :] < (
+            seqlens_k.to(torch.int64).div(bs, rounding_mode="floor")[:, None])
+        return torch.where(filled, rows, self.scratch)
+
+    def gather(self, rows):
+        """((k_mean, v_mean) float32 [B, Hkv, max_blocks, D], pooled_keys [B] int32): what
+        the rows of `rows` hold (stale values where a block is not current, the scratch row's
+        where it is not filled: the run pools those) and, per request, the keys of its
+        leading run of current blocks."""
+        torch = _torch()
+        flat = rows.flatten()
+        shape = tuple(rows.shape) + tuple(self.k.shape[1:])
+
+        def means(table):
+            return table.index_select(0, flat).view(shape).permute(0, 2, 1, 3).to(
+                torch.float32).contiguous()
+
+        current = self.current.index_select(0, flat).view(rows.shape).to(torch.int32)
+        pooled_keys = (current.cumprod(1).sum(1) * self.block_size).to(torch.int32)
+        return ((means(self.k), None if self.v is None else means(self.v)), pooled_keys)
+
+    def store(self, rows, means):
+        """Stores the means of the filled blocks of `rows` (every block of `means`, float32
+        [B, Hkv, max_blocks, D], is the Eq. 5 mean after a run) and marks them current."""
+        flat = rows.flatten()
+        for table, mean in zip((self.k, self.v), means):
+            if table is not None:
+                table.index_copy_(0, flat, mean.permute(0, 2, 1, 3).reshape(
+                    (-1,) + tuple(table.shape[1:])).to(table.dtype))
+        self.current.index_fill_(0, flat, True)
+        self.current[self.scratch] = False
+
+
+def refuse_kept_means_with_kv_transfer(settings, vllm_config):
+    """Raises ValueError when keep_means meets a KV connector (vllm_config.kv_transfer_config:
+    disaggregated prefill, KV offloading): the kept means are current only for KV that the
+    backend's cache update wrote, and a connector fills blocks behind its back."""
+    if settings.keep_means and getattr(vllm_config, "kv_transfer_config", None) is not None:
+        raise ValueError(f"{settings.env_name('keep_means')}=1 cannot be used with a KV "
+                         f"connector (kv_transfer_config): the kept means would not follow "
+                         f"the KV it loads")
 
 
 def write_kv(key, value, key_cache, value_cache, slot_mapping):
