@@ -13,7 +13,7 @@ constexpr float kLn2 = 0.6931471805599453f;
 // P~ = round_e4m3(2^8 exp(S - m)) lies in [0, 256]: probabilities down to 2^-17 stay representable
 // (e4m3's smallest subnormal is 2^-9). The offset cancels in O and comes out of the LSE.
 constexpr float kProbabilityOffsetLog2 = 8.f;
-// Blocks per correction stage (cuda/attention/traversal.hpp's kWindowBlocks).
+// Blocks per correction stage (cuda/attention/mean_correction.hpp's kWindowBlocks).
 constexpr int32_t kWindowBlocks = 2 * kKvTile;
 
 struct KeyRange {

@@ -15,7 +15,7 @@
 #include "cuda/attention/combine.hpp"
 #include "cuda/attention/heuristics.hpp"
 #include "cuda/attention/launch.hpp"
-#include "cuda/attention/means.hpp"
+#include "cuda/attention/mean_correction.hpp"
 #include "cuda/attention/params.hpp"
 #include "cuda/attention/schedule_prep.hpp"
 #include "core/checked.hpp"
@@ -63,7 +63,7 @@ struct PartialBytes {
   size_t o = 0, lse = 0;
 };
 
-// Bytes of one converted mean tensor (means.hpp) when mean correction is on, else 0.
+// Bytes of one converted mean tensor (mean_correction.hpp) when mean correction is on, else 0.
 size_t lowp_mean_bytes(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
   if (!sparse || !config.mean_correction) return 0;
   const fp_problem& p = *info.p;

@@ -8,6 +8,7 @@
 
 #include "cuda/attention/params.hpp"
 #include "cuda/attention/seqlen.hpp"
+#include "cuda/ptx.cuh"
 
 namespace flashprefill::cuda::attention {
 
@@ -99,16 +100,6 @@ __device__ __forceinline__ bool staged_store(const AttentionParams& p) {
   return p.out_vec16 && p.num_splits == 1;
 }
 
-// Four 8 x 8 matrices of 16-bit elements from the wgmma accumulator layout (lane t holds row
-// t / 4, columns 2 (t % 4) + {0, 1} of each) to shared memory; lanes 8 i .. 8 i + 7 give the row
-// addresses of matrix i.
-__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
-                                            uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
-}
-
 // The same tile as store_tile (normalized o, the dtype, 16-byte aligned rows, no split), through
 // shared memory: each warp writes its 16 rows with stmatrix into `staging` (rows of kHeadDim
 // elements, 16-byte chunks XOR-swizzled by row so that neither side conflicts on banks), then
@@ -128,7 +119,9 @@ __device__ __forceinline__ void store_tile_staged(const AttentionParams& p, cons
   const int warp_row0 = 16 * ((threadIdx.x / 32) % 4);  // the warp's rows in the 64-row slab
   const uint32_t base = cute::cast_smem_ptr_to_uint(staging) + warp_row0 * kRowBytes;
 
-  // Matrix i of call c: rows 8 (i % 2) .. + 7 of the warp's 16, columns 8 (2 c + i / 2) .. + 7.
+  // stmatrix_x4 from the wgmma accumulator layout (lane t holds row t / 4, columns
+  // 2 (t % 4) + {0, 1} of each 8 x 8 matrix). Matrix i of call c: rows 8 (i % 2) .. + 7 of the
+  // warp's 16, columns 8 (2 c + i / 2) .. + 7.
   {
     const int i = lane / 8, rr = lane % 8;
     const uint32_t row_addr = base + (8 * (i % 2) + rr) * kRowBytes;
@@ -166,10 +159,7 @@ __device__ __forceinline__ void store_tile_staged(const AttentionParams& p, cons
     const int row = pass * kRowsPerPass + lane / kChunks;
     Element* out = reinterpret_cast<Element*>(
         __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(row_out), row));
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(base + row * kRowBytes + ((chunk ^ (row % 8)) << 4)));
+    const uint4 v = ld_shared_16(base + row * kRowBytes + ((chunk ^ (row % 8)) << 4));
     if (out != nullptr) *reinterpret_cast<uint4*>(out + 8 * chunk) = v;
   }
 }

@@ -8,22 +8,16 @@
 
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "cuda/attention/barriers.hpp"
+#include "cuda/attention/consumer.hpp"
 #include "cuda/attention/kernel_traits.hpp"
-#include "cuda/attention/mainloop.hpp"
+#include "cuda/attention/load_q.hpp"
 #include "cuda/attention/params.hpp"
+#include "cuda/attention/producer.hpp"
 #include "cuda/attention/scheduler.hpp"
+#include "cuda/ptx.cuh"
 
 namespace flashprefill::cuda::attention {
-
-// Position in the two-slot ring of decoded items.
-struct SlotCursor {
-  int index = 0;
-  uint32_t phase = 0;
-  __device__ void advance() {
-    index ^= 1;
-    if (index == 0) phase ^= 1u;
-  }
-};
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1)
@@ -67,7 +61,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       ScheduledWork& sw = ss.work[at.index];
       decoder.decode(p, item, sw);
       arrive_ordered(ss.work_full[at.index]);
-      if (sw.valid) TileLoader<Traits>{p, sw.w, 0}.prefetch_q();
+      if (sw.valid) QLoader<Traits>{p, sw.w, 0}.prefetch_q();
     };
     if (scheduler) publish(blockIdx.x, slot);
     for (;;) {
@@ -83,7 +77,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       // other SMs run dry, and the consumers still find item k + 1 decoded well before they
       // finish item k.
       int32_t claimed = 0;
-      Mainloop<Traits>::produce(p, sw.w, sw.trav, ss, stages, q_phase, [&] {
+      Producer<Traits>::produce(p, sw.w, sw.trav, ss, stages, q_phase, [&] {
         if (scheduler) claimed = p.ctas + atomicAdd(p.work_counter, 1);
       });
       if (scheduler) publish(claimed, following);
@@ -95,10 +89,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     cp_async_wait_all();  // no copy outlives its issuing thread
   } else {
     cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-    // Consumer warpgroup 0 takes the first turn (Mainloop::consume): warpgroup 1 hands it over.
+    // Consumer warpgroup 0 takes the first turn (Consumer::consume): warpgroup 1 hands it over.
     if (threadIdx.x >= Traits::kProducerThreads + 128)
-      asm volatile("bar.arrive %0, %1;\n" ::"n"(kTurnBarrier), "n"(Traits::kConsumerThreads)
-                   : "memory");
+      named_arrive<kTurnBarrier, Traits::kConsumerThreads>();
     for (;;) {
       wait_ordered(ss.work_full[slot.index], slot.phase);
       const ScheduledWork sw = ss.work[slot.index];
@@ -106,7 +99,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       if (lane0) arrive_ordered(ss.work_empty[slot.index]);
       slot.advance();
       if (!sw.valid) break;
-      Mainloop<Traits>::consume(p, sw.w, ss, stages, q_phase);
+      Consumer<Traits>::consume(p, sw.w, ss, stages, q_phase);
       q_phase ^= 1u;
     }
   }

@@ -10,17 +10,22 @@
 #include <cutlass/arch/barrier.h>
 
 #include "core/geometry.hpp"
+#include "cuda/attention/params.hpp"
 #include "cuda/attention/scheduler.hpp"
+#include "cuda/attention/traversal.hpp"
 
 namespace flashprefill::cuda::attention {
 
 using namespace cute;
 
-// kLayout: contiguous KV, a paged cache (params' paged), or a paged cache with the run table
-// (params' tma_runs); a kernel each (params.hpp KvLayout).
+// Element: the operand type of Q, K, V and P on the tensor cores; ElementOut: the output's
+// (the same 16-bit type so far). kLayout: contiguous KV, a paged cache (params' paged), or a
+// paged cache with the run table (params' tma_runs); a kernel each (params.hpp KvLayout).
 template <class Element_, int kHeadDim_, KvLayout kLayout>
 struct KernelTraits {
   using Element = Element_;
+  using ElementOut = Element_;
+  using ElementAccum = float;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPaged = kLayout != KvLayout::kContiguous;
   static constexpr bool kRuns = kLayout == KvLayout::kPagedRuns;
@@ -48,11 +53,12 @@ struct KernelTraits {
 
   // S = Q K^T: A = Q and B = K both from shared memory, K-major.
   using TiledMmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      GMMA::ss_op_selector<Element, Element, ElementAccum,
+                           Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
       AtomLayout{}));
   // O += P V: A = P from registers, B = V^T from shared memory (head dim contiguous = MN-major).
   using TiledMmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+      GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
                            GMMA::Major::K, GMMA::Major::MN>(),
       AtomLayout{}));
 
@@ -66,8 +72,9 @@ struct KernelTraits {
   using SmemLayoutVt = decltype(tile_to_shape(
       GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
       Step<_2, _1, _3>{}));
-  // TMA box: 64 keys x 64 head-dim elements = 8 KB; a KV tile is kHeadDim / 64 boxes per operand.
-  static constexpr int kBoxCols = 64;
+  // TMA box: 64 keys x one 128-byte swizzle row of head-dim elements (64 of 16 bits = 8 KB); a
+  // KV tile is kHeadDim / kBoxCols boxes per operand.
+  static constexpr int kBoxCols = 128 / int(sizeof(Element));
   static constexpr uint32_t kTileTmaBytes = uint32_t(2 * kKvTile * kHeadDim * sizeof(Element));
   static constexpr uint32_t kQTmaBytes = uint32_t(kBlockM * kHeadDim * sizeof(Element));
 
@@ -95,6 +102,13 @@ struct KernelTraits {
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds the sm_90 limit");
+
+  // The shared-memory buffers as CuTe tensors: the Q tile, the K stages and the V^T stages.
+  __device__ static auto smem_tensors(SharedStorage& ss) {
+    return cute::make_tuple(make_tensor(make_smem_ptr(ss.q.data()), SmemLayoutQ{}),
+                            make_tensor(make_smem_ptr(ss.k.data()), SmemLayoutK{}),
+                            make_tensor(make_smem_ptr(ss.vt.data()), SmemLayoutVt{}));
+  }
 };
 
 }  // namespace flashprefill::cuda::attention

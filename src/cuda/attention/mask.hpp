@@ -1,6 +1,6 @@
-// Prepares raw Q K^T scores for the online softmax, which applies the scale itself: the
-// causal/length mask of an exact tile (bottom-right alignment: row r sees keys j <= o + r / g)
-// or the log|B_J| shift of a mean window (Eq. 6), expressed in raw-score units.
+// Prepares the raw Q K^T scores of exact tiles for the online softmax: the causal/length mask
+// (bottom-right alignment: row r sees keys j <= o + r / g). Mean windows get the log |B_J| shift
+// instead (shift_means, mean_correction.hpp).
 #pragma once
 
 #include <cmath>
@@ -46,18 +46,6 @@ __device__ __forceinline__ void mask_exact(Scores& s, const Coords& coord,
       const int h = offset / kKvTile;
       if (offset > limit[h]) s(m, n) = -INFINITY;
     }
-  }
-}
-
-// Mean window: column c is a surrogate key with logit q . k_mean * scale + ln |B_J| (Eq. 6);
-// shift[c] = log2 |B_J| / scale_log2 (raw-score units), or -inf for blocks without a surrogate.
-template <class Scores, class Coords>
-__device__ __forceinline__ void shift_means(Scores& s, const Coords& coord, const float* shift) {
-  using cute::size;
-  CUTE_UNROLL
-  for (int m = 0; m < size<0>(s); ++m) {
-    CUTE_UNROLL
-    for (int n = 0; n < size<1>(s); ++n) s(m, n) += shift[cute::get<1>(coord(m, n))];
   }
 }
 

@@ -66,23 +66,4 @@ struct ItemDecoder {
   }
 };
 
-// mbarrier arrive and wait that also keep the compiler from moving shared-memory accesses across
-// them (CUTLASS's wrappers carry no memory clobber; the hardware's release/acquire does the rest).
-__device__ __forceinline__ void arrive_ordered(uint64_t& bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(
-                   cute::cast_smem_ptr_to_uint(&bar))
-               : "memory");
-}
-__device__ __forceinline__ void wait_ordered(uint64_t& bar, uint32_t phase) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "wait_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n"
-      "}\n" ::"r"(cute::cast_smem_ptr_to_uint(&bar)),
-      "r"(phase)
-      : "memory");
-}
-
 }  // namespace flashprefill::cuda::attention

@@ -7,13 +7,9 @@
 
 #include <cute/tensor.hpp>
 
-namespace flashprefill::cuda::attention {
+#include "cuda/ptx.cuh"  // fast_exp2
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+namespace flashprefill::cuda::attention {
 
 template <class Op>
 __device__ __forceinline__ float quad_allreduce(float x, Op op) {

@@ -1,18 +1,17 @@
 // Which KV iterations a query tile runs: the exact tiles, listed by the CSR and walked backwards
 // (Eq. 17) or every causal tile in dense mode, then the mean-correction windows over the blocks
-// fully visible to the tile (Eq. 6). A split (Eq. 18) takes an equal share of that sequence.
+// fully visible to the tile (Eq. 6, mean_correction.hpp). A split (Eq. 18) takes an equal share
+// of that sequence, and StageSequence groups it into pipeline stages.
 #pragma once
 
 #include <cstdint>
 
 #include "core/geometry.hpp"
+#include "cuda/attention/mean_correction.hpp"
 #include "cuda/attention/params.hpp"
 #include "cuda/attention/seqlen.hpp"
 
 namespace flashprefill::cuda::attention {
-
-// Each correction iteration covers this many consecutive candidate blocks, one per stage column.
-inline constexpr int kWindowBlocks = 2 * kKvTile;
 
 struct Traversal {
   int64_t csr_end = 0;        // sparse: one past the segment's last CSR entry
@@ -36,12 +35,8 @@ struct Traversal {
     }
     int32_t windows = 0;
     if (p.correction) {
-      const BlockGeometry blocks{p.block_size, w.seq.len_kv};
-      const int32_t pmin = w.seq.pmin(w.tile);
-      int32_t n = (pmin + 1) / p.block_size;
-      if (n < blocks.num_blocks() && fully_visible(blocks, n, pmin)) ++n;
-      t.visible_blocks = n < p.max_blocks ? n : p.max_blocks;
-      windows = int32_t(ceil_div(t.visible_blocks, kWindowBlocks));
+      t.visible_blocks = count_visible_blocks(p, w);
+      windows = window_count(t.visible_blocks);
     }
     const int64_t total = int64_t(t.num_exact) + windows;
     if (p.num_splits == 1) {  // no 64-bit division on the decoder's path

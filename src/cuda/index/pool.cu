@@ -4,7 +4,7 @@
 #include "cuda/index/pool.cuh"
 
 #include "core/fast_divmod.hpp"
-#include "cuda/index/ptx.cuh"
+#include "cuda/ptx.cuh"
 
 namespace flashprefill::cuda::index {
 namespace {

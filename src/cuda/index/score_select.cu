@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "cuda/index/ptx.cuh"
+#include "cuda/ptx.cuh"
 
 namespace flashprefill::cuda::index {
 namespace {
@@ -205,7 +205,7 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
                                    : -1;
       }
 
-    cp_async_wait_all();
+    cp_async_wait_committed();
     __syncthreads();  // q_tile_landed
     uint32_t qa[kMTiles][L::kKSteps][4];
 #pragma unroll
@@ -217,7 +217,7 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
                                               ks * 2 + lane / 16));
 
     for (int c = 0; c < num_chunks; ++c) {
-      cp_async_wait_all();
+      cp_async_wait_committed();
       __syncthreads();  // chunk_landed: chunk c is in smem, chunk c - 1 is consumed
       if (c + 1 < num_chunks) {
         load_chunk(c + 1);

@@ -1,9 +1,10 @@
-// Converts the float block means to the operand dtype, one 8-element chunk per thread.
+// Mean correction's per-call conversion (mean_correction.hpp): the float block means to the
+// operand dtype, one 8-element chunk per thread.
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 
 #include "core/geometry.hpp"
-#include "cuda/attention/means.hpp"
+#include "cuda/attention/mean_correction.hpp"
 
 namespace flashprefill::cuda::attention {
 namespace {
