@@ -120,7 +120,7 @@ def range_rows(lib, L, gen, report):
         variants["least"] = b.poisoned_run(pre.runner(least))
         sync()
         least_ms = (time.perf_counter() - start) * 1e3
-        variants["seven_tiles"] = b.poisoned_run(pre.runner(least + 6 * per_tile))
+        variants["few_tiles"] = b.poisoned_run(pre.runner(least + 6 * per_tile))
         ours = Ours(lib, b)
         build = ours.build_index(cfg)
         variants["staged"] = b.poisoned_run(lambda: (build(), ours.sparse()))

@@ -194,7 +194,7 @@ def long_section(path, record):
                           "few tiles = full", "staged = full"],
                          [[fmt_len(r["L"]), r.get("splits"), fmt_mib(r.get("workspace_bytes")),
                            fmt_mib(r.get("least_workspace_bytes")),
-                           yes(r.get("identical_least")), yes(r.get("identical_seven_tiles")),
+                           yes(r.get("identical_least")), yes(r.get("identical_few_tiles")),
                            yes(r.get("identical_staged"))] for r in ranges]))
         out.append("")
     return "\n".join(out)

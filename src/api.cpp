@@ -151,6 +151,7 @@ IndexStorage widest_cuda_storage(const ProblemInfo& info, const fp_select_config
     return need.ok() && uint64_t(need.value()) <= bytes;
   };
   int64_t lo = 1, hi = std::max<int64_t>(1, info.max_q_tiles);  // fits(lo) holds
+  if (fits(hi)) return cuda_storage(info, c, hi);  // one range: no search
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
     if (fits(mid)) lo = mid;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/checked.hpp"
+#include "core/query_ranges.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/prefill.hpp"
 #include "cuda/index/csr.cuh"
@@ -169,6 +170,15 @@ fp_status select_range(const ProblemInfo& info, const fp_select_config& config,
                        int32_t tile_begin, int32_t tiles) {
   const fp_problem& p = *info.p;
   const fp_index_sizes sizes = index_sizes(info, config);
+  // Every tile the range's segments can list has a slot: the kernels never drop one.
+  const QueryRangeShape shape{p.batch_size, p.num_heads_kv, sizes.max_q_tiles,
+                              ceil_div(p.max_seqlen_k, kKvTile), sizes.idx_capacity};
+  const Size need = range_entries(shape, tiles);
+  if (tiles > range_tiles || !need.ok() || index.idx_capacity < need.value())
+    return fail(FP_ERROR_INTERNAL, "index stage: a range of " + std::to_string(tiles) +
+                                       " query tiles may list " + std::to_string(need.value()) +
+                                       " tiles but the index holds " +
+                                       std::to_string(index.idx_capacity));
   const IndexWorkspace ws(info, config, range_tiles);
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   char* scratch = static_cast<char*>(workspace);

@@ -24,9 +24,9 @@ struct CsrParams {
   const uint32_t* mask = nullptr;   // [num_segments, mask_words] from score_select
   const int32_t* counts = nullptr;  // [num_segments] selected tiles per segment
   int32_t* cu = nullptr;            // [num_segments + 1]: cu[0] = 0, cu[s + 1] = cu[s] + counts[s]
-  // [idx_capacity]. The callers size it for the most tiles the segments can list (fp_build_index:
-  // the problem's idx_capacity; fp_prefill: its range's entries), so no write is ever dropped;
-  // the kernel still never writes past it.
+  // [idx_capacity]. select_range refuses a capacity below the most tiles the segments can list
+  // (the problem's idx_capacity, or a range's entries), so no write is ever dropped; the kernel
+  // still never writes past it.
   int32_t* idx = nullptr;
   int64_t idx_capacity = 0;
 };
