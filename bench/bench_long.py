@@ -6,9 +6,10 @@ Two row groups, written to one results file (bench/common.py ResultsFile, bench 
   asks for (one query-tile range at this length), with the least workspace the call accepts (ranges
   of one query tile) and with a few tiles more than that (ranges of several tiles, the last one
   shorter), and fp_build_index + fp_sparse_attention (the whole index): every output is compared
-  bit for bit with the first (docs/ALGORITHM.md, "Sizes and the prefill workspace"). Once with the
-  split heuristic's choice and once with FLASHPREFILL_ATTENTION_SPLITS=3 (split partials combined
-  once after the last range). Each output is written into a NaN-poisoned buffer.
+  bit for bit with the first (docs/ALGORITHM.md, "Sizes and the prefill workspace"). On one
+  request, a varlen batch and a paged cache; each once with the split heuristic's choice and once
+  with FLASHPREFILL_ATTENTION_SPLITS=3 (split partials combined once after the last range). Each
+  output is written into a NaN-poisoned buffer.
 - `long` (--lengths, default 1M): the time of fp_prefill (default config), its workspace, the
   peak of device memory over the call (torch.cuda.max_memory_allocated, with and without the
   inputs and output; the library allocates nothing itself), and
@@ -27,6 +28,7 @@ causal tiles at 1M).
 """
 
 import argparse
+import copy
 import ctypes
 import os
 import re
@@ -37,7 +39,7 @@ import torch
 
 import bench_attention
 import common
-from bench_attention import HKV, HQ, D, Batch, Lib, Ours, rel_err, sync
+from bench_attention import HKV, HQ, D, Batch, Lib, Ours, PagedView, rel_err, sync
 
 FP_ERROR_WORKSPACE_TOO_SMALL = 3
 HEAVY_EVERY = 16      # every 16th block of keys carries the shared direction
@@ -97,43 +99,57 @@ class Prefill:
         return run
 
 
-def range_rows(lib, L, gen, report):
+def range_cases(L, gen):
+    """The batches whose ranged prefills are compared: one request of L tokens; a varlen batch of
+    chunks (L_q <= L_kv, one empty request); the first in a paged cache of 16-key pages placed in
+    shuffled order."""
     q, k, v = workload(L, gen)
-    b = Batch([L], [L], q, k, v)
+    one = Batch([L], [L], q, k, v)
+    len_q = [L // 2, 0, L // 8, L // 4 + 3]
+    len_kv = [L // 2, 7, L // 4, L // 4 + 3]
+    vq, vk, vv = workload(sum(len_kv), gen)
+    varlen = Batch(len_q, len_kv, vq[:sum(len_q)], vk, vv)
+    paged = copy.copy(one)
+    paged.view = PagedView(one, 16, gen)
+    paged.problem = paged.view.problem
+    return [("contiguous", one), ("varlen", varlen), ("paged 16", paged)]
+
+
+def range_rows(lib, L, gen, report):
     cfg = lib.config()
-    g = HQ // HKV
-    tiles = (g * L + 127) // 128
     per_tile = 4 * HKV * ((L + 63) // 64)  # index entries of one more query tile, in bytes
-    for splits in (None, "3"):
-        if splits is None:
-            os.environ.pop("FLASHPREFILL_ATTENTION_SPLITS", None)
-        else:
-            os.environ["FLASHPREFILL_ATTENTION_SPLITS"] = splits
-        pre = Prefill(lib, b, cfg)
-        full, least = pre.size_query(), pre.least()
-        start = time.perf_counter()
-        reference = b.poisoned_run(pre.runner(full))
-        sync()
-        full_ms = (time.perf_counter() - start) * 1e3
-        variants = {}
-        start = time.perf_counter()
-        variants["least"] = b.poisoned_run(pre.runner(least))
-        sync()
-        least_ms = (time.perf_counter() - start) * 1e3
-        variants["few_tiles"] = b.poisoned_run(pre.runner(least + 6 * per_tile))
-        ours = Ours(lib, b)
-        build = ours.build_index(cfg)
-        variants["staged"] = b.poisoned_run(lambda: (build(), ours.sparse()))
-        row = dict(row="long_ranges", L=L, splits=splits or "heuristic", query_tiles=tiles,
-                   workspace_bytes=full, least_workspace_bytes=least,
-                   full_ms=full_ms, least_ms=least_ms,
-                   finite=bool(torch.isfinite(reference).all().item()))
-        for name, out in variants.items():
-            row[f"identical_{name}"] = bool(torch.equal(out, reference))
-        row["ok"] = row["finite"] and all(row[f"identical_{n}"] for n in variants)
-        report(row)
-        del ours, build, variants, reference
-        bench_attention.empty_cache()
+    for layout, b in range_cases(L, gen):
+        tiles = (HQ // HKV * max(b.len_q) + 127) // 128
+        for splits in (None, "3"):
+            if splits is None:
+                os.environ.pop("FLASHPREFILL_ATTENTION_SPLITS", None)
+            else:
+                os.environ["FLASHPREFILL_ATTENTION_SPLITS"] = splits
+            pre = Prefill(lib, b, cfg)
+            full, least = pre.size_query(), pre.least()
+            start = time.perf_counter()
+            reference = b.poisoned_run(pre.runner(full))
+            sync()
+            full_ms = (time.perf_counter() - start) * 1e3
+            variants = {}
+            start = time.perf_counter()
+            variants["least"] = b.poisoned_run(pre.runner(least))
+            sync()
+            least_ms = (time.perf_counter() - start) * 1e3
+            variants["few_tiles"] = b.poisoned_run(pre.runner(least + 6 * per_tile))
+            ours = Ours(lib, b)
+            build = ours.build_index(cfg)
+            variants["staged"] = b.poisoned_run(lambda: (build(), ours.sparse()))
+            row = dict(row="long_ranges", L=L, layout=layout, splits=splits or "heuristic",
+                       query_tiles=tiles, workspace_bytes=full, least_workspace_bytes=least,
+                       full_ms=full_ms, least_ms=least_ms,
+                       finite=bool(torch.isfinite(reference).all().item()))
+            for name, out in variants.items():
+                row[f"identical_{name}"] = bool(torch.equal(out, reference))
+            row["ok"] = row["finite"] and all(row[f"identical_{n}"] for n in variants)
+            report(row)
+            del ours, build, variants, reference
+            bench_attention.empty_cache()
     os.environ.pop("FLASHPREFILL_ATTENTION_SPLITS", None)
 
 

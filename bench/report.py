@@ -190,9 +190,10 @@ def long_section(path, record):
         out.append("")
     if ranges:
         yes = lambda v: "yes" if v else "NO"  # noqa: E731
-        out.append(table(["L", "splits", "workspace", "least workspace", "least = full",
+        out.append(table(["L", "KV", "splits", "workspace", "least workspace", "least = full",
                           "few tiles = full", "staged = full"],
-                         [[fmt_len(r["L"]), r.get("splits"), fmt_mib(r.get("workspace_bytes")),
+                         [[fmt_len(r["L"]), r.get("layout", "contiguous"), r.get("splits"),
+                           fmt_mib(r.get("workspace_bytes")),
                            fmt_mib(r.get("least_workspace_bytes")),
                            yes(r.get("identical_least")), yes(r.get("identical_few_tiles")),
                            yes(r.get("identical_staged"))] for r in ranges]))

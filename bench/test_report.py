@@ -144,7 +144,7 @@ def test_the_cpu_smoke_run_renders_every_section(tmp_path):
     assert "Not measured" not in perf
     assert "| demo_q_scaled |" in perf and "| whole prefill" in readme
     long = perf[perf.index("## Long prefills"):]
-    assert "| 2K | heuristic |" in long and "| NO |" not in long
+    assert "| 1K | paged 16 | 3 |" in long and "| NO |" not in long
 
 
 def test_plots_are_written_when_matplotlib_is_there(tmp_path):
