@@ -478,12 +478,7 @@ def main():
     results = common.ResultsFile(args.results, "attention", started) if args.results else None
     print(f"# {common.machine()}  torch {torch.__version__}", flush=True)
 
-    def report(row):
-        rows.append(row)
-        if results:
-            results.write(rows)
-        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-              flush=True)
+    report = common.reporter(rows, results)
 
     dense_ms = {}
     groups = [g for g in ("dense", "sparse", "prefill", "chunk", "paged", "batch") if g not in skip]

@@ -208,5 +208,17 @@ class ResultsFile:
         return self.path
 
 
+def reporter(rows, results):
+    """report(row): appends the row to `rows`, rewrites the results file (when there is one) and
+    prints the row as key=value pairs."""
+    def report(row):
+        rows.append(row)
+        if results:
+            results.write(rows)
+        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in row.items()), flush=True)
+    return report
+
+
 def utc_now():
     return datetime.datetime.now(datetime.timezone.utc)

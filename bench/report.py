@@ -158,6 +158,52 @@ def prefill_section(path, record, plots):
     return "\n".join(out + [""])
 
 
+def fmt_mib(value):
+    return "-" if not number(value) else fmt(value / 2**20, 3, " MiB")
+
+
+def long_section(path, record):
+    rows = rows_of(record, "long")
+    ranges = rows_of(record, "long_ranges")
+    out = intro("Long prefills in bounded memory",
+                "`bench/bench_long.py`: `fp_prefill` of one request, Hq = 32, Hkv = 8, D = 128, "
+                "bf16, with the workspace the size query asks for: the index is built and "
+                "consumed in query-tile ranges inside the call (docs/ALGORITHM.md, \"Sizes and "
+                "the prefill workspace\"). The workload has one shared direction in every query "
+                "and in every 16th key block (those blocks, the sink, the window and the diagonal "
+                "are selected). `peak` is torch's peak of allocated device memory during the "
+                "call beyond the inputs and the output (the library allocates nothing itself); "
+                "`err` is the largest relative L2 distance, over three slices of query rows "
+                "(first, middle, last), to `fp_dense_attention` on those rows: at alpha = 0 the "
+                "prefill is dense attention (tolerance 1e-2). The range rows compare, bit for "
+                "bit, the size query's workspace with the least one (ranges of one query tile), "
+                "one of a few tiles and `fp_build_index` + `fp_sparse_attention`.",
+                path, record)
+    if not rows and not ranges:
+        return "\n".join(out + nothing(record))
+    if rows:
+        out.append(table(["L", "alpha", "time", "workspace", "peak", "all device memory", "err"],
+                         [[fmt_len(r["L"]), fmt(r.get("alpha"), 2),
+                           fmt(r.get("ms") if number(r.get("ms")) else r.get("first_call_ms"),
+                               4, " ms"),
+                           fmt_mib(r.get("workspace_bytes")),
+                           fmt_mib(r.get("peak_beyond_inputs_bytes")),
+                           fmt_mib(r.get("peak_bytes")), fmt(r.get("err_rows"), 2)]
+                          for r in sorted(rows, key=lambda r: (r["L"], -r.get("alpha", 0)))]))
+        out.append("")
+    if ranges:
+        yes = lambda v: "yes" if v else "NO"  # noqa: E731
+        out.append(table(["L", "KV", "splits", "workspace", "least workspace", "least = full",
+                          "few tiles = full", "staged = full"],
+                         [[fmt_len(r["L"]), r.get("layout", "contiguous"), r.get("splits"),
+                           fmt_mib(r.get("workspace_bytes")),
+                           fmt_mib(r.get("least_workspace_bytes")),
+                           yes(r.get("identical_least")), yes(r.get("identical_few_tiles")),
+                           yes(r.get("identical_staged"))] for r in ranges]))
+        out.append("")
+    return "\n".join(out)
+
+
 def sparse_section(path, record, plots):
     rows = rows_of(record, "sparse")
     out = intro("Sparse attention on fixed-density block masks",
@@ -471,6 +517,7 @@ def render_perf(results, plots):
                 f"{RUN_HINT}. Each section reports the newest run that measured its rows.")
     parts = [STATIC_HEAD.format(intro=head),
              prefill_section(*newest(results, "attention", ("prefill",)), plots),
+             long_section(*newest(results, "long")),
              sparse_section(*newest(results, "attention", ("sparse",)), plots),
              dense_section(*newest(results, "attention", ("dense",)), plots),
              index_section(*newest(results, "index")),

@@ -43,7 +43,7 @@ def render(tmp_path, results_dir, plots=False):
 
 def test_without_results_every_section_says_not_measured(tmp_path):
     perf, readme = render(tmp_path, tmp_path / "none")
-    assert perf.count("*Not measured yet:") == 8
+    assert perf.count("*Not measured yet:") == 9
     assert "## What did not work" in perf
     assert "before" in readme and "after" in readme and "old text" not in readme
     assert "Performance: not measured yet" in readme
@@ -133,10 +133,10 @@ def test_check_passes_once_rendered_and_fails_when_edited(tmp_path):
 
 
 def test_the_cpu_smoke_run_renders_every_section(tmp_path):
-    """The fixture is what bench_attention.py, bench_index.py, bench_host.py and bench_vllm.py
-    wrote on the CPU."""
+    """The fixture is what bench_attention.py, bench_index.py, bench_host.py, bench_vllm.py and
+    bench_long.py wrote on the CPU."""
     runs = report.load_results(FIXTURES)
-    assert {r["bench"] for _, r in runs} == {"attention", "index", "host", "vllm"}
+    assert {r["bench"] for _, r in runs} == {"attention", "index", "host", "vllm", "long"}
     assert all(r["machine"].startswith("CPU") for _, r in runs)
     perf, readme = render(tmp_path, FIXTURES)
     for kind in ("dense", "sparse", "prefill", "paged", "paged_sparse", "paged_chunk", "chunk",
@@ -147,6 +147,8 @@ def test_the_cpu_smoke_run_renders_every_section(tmp_path):
     vllm = perf[perf.index("## The vLLM backend"):perf.index("## Results files")]
     assert "| 0 | 512 | 0 |" in vllm and "| all | 2K |" in vllm
     assert "| whole prompt | dense | 1K / 1K |" in vllm and "| 100 % |" in vllm
+    long = perf[perf.index("## Long prefills"):]
+    assert "| 1K | paged 16 | 3 |" in long and "| NO |" not in long
 
 
 def test_plots_are_written_when_matplotlib_is_there(tmp_path):

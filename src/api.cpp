@@ -8,6 +8,7 @@
 
 #include "core/checked.hpp"
 #include "core/problem.hpp"
+#include "core/query_ranges.hpp"
 #include "core/workload.hpp"
 #include "cuda/backend.hpp"
 #include "flashprefill/flashprefill.h"
@@ -94,47 +95,92 @@ Size attention_ws(const ProblemInfo& info, const fp_select_config& c, bool spars
 
 Size aligned_ints(Size count) { return (count * Size(sizeof(int32_t))).align_up(kAlign); }
 
-// The index that fp_prefill keeps in its workspace: [cu][k_mean][v_mean][idx]. On CUDA idx holds
-// the whole index. On the CPU it holds the query-tile range of segments being selected and
-// attended (docs/ALGORITHM.md, "Workspace"): the size query asks for kRangeSegments segments of
-// the longest request's tiles, and any workspace with room for one segment runs.
+// The index that fp_prefill keeps in its workspace: [cu][k_mean][v_mean][idx], then `stage`
+// bytes of backend scratch (docs/ALGORITHM.md, "Sizes and the prefill workspace"). idx holds the
+// range of query tiles being selected and attended. On the CPU a range is a run of segments: the
+// size query asks for kRangeSegments segments of the longest request's tiles, and any workspace
+// with room for one segment runs. On CUDA a range is `range_tiles` query tiles of every request
+// and KV head (core/query_ranges.hpp), sized from the shapes alone; cu numbers its segments only.
 struct IndexStorage {
-  Size cu = 0, mean = 0, idx = 0;
+  Size cu = 0, mean = 0, idx = 0, stage = 0;
+  int64_t range_tiles = 0;  // CUDA
+  int64_t entries = 0;      // index entries idx holds
   Size fixed() const { return cu + mean + mean; }
   Size total() const { return fixed() + idx; }
+  Size workspace() const { return total() + stage; }
 };
 
 constexpr int64_t kRangeSegments = 256;
 
-IndexStorage index_storage(const ProblemInfo& info, const fp_select_config& c, bool minimal) {
+QueryRangeShape range_shape(const ProblemInfo& info, const fp_select_config& c) {
+  const fp_index_sizes s = index_sizes(info, c);
+  return {info.p->batch_size, info.p->num_heads_kv, s.max_q_tiles,
+          ceil_div(info.p->max_seqlen_k, kKvTile), s.idx_capacity};
+}
+
+// The storage of a CUDA prefill in ranges of `range_tiles` query tiles.
+IndexStorage cuda_storage(const ProblemInfo& info, const fp_select_config& c, int64_t range_tiles) {
+  const fp_index_sizes s = index_sizes(info, c);
+  const QueryRangeShape shape = range_shape(info, c);
+  IndexStorage st;
+  st.range_tiles = range_tiles;
+  st.cu = aligned_ints(range_segments(shape, range_tiles) + Size(1));
+  st.mean = (Size(s.mean_elements) * Size(sizeof(float))).align_up(kAlign);
+  const Size entries = range_entries(shape, range_tiles);
+  st.entries = entries.value();
+  st.idx = entries.fits(kRangeEntryLimit - 1) ? aligned_ints(entries) : Size(-1);
+  st.stage = backend_bytes(cuda::prefill_workspace(info, c, range_tiles));
+  return st;
+}
+
+IndexStorage cpu_storage(const ProblemInfo& info, const fp_select_config& c, bool minimal) {
   const fp_index_sizes s = index_sizes(info, c);
   IndexStorage st;
   st.cu = aligned_ints(Size(s.num_segments) + 1);
   st.mean = (Size(s.mean_elements) * Size(sizeof(float))).align_up(kAlign);
-  Size entries = s.idx_capacity;
-  if (info.p->device == FP_DEVICE_CPU) {
-    const int64_t kv_tiles = ceil_div(info.p->max_seqlen_k, kKvTile);  // >= any segment's tiles
-    entries = std::min(s.idx_capacity, (minimal ? 1 : kRangeSegments) * kv_tiles);
-  }
-  st.idx = aligned_ints(entries);
+  const int64_t kv_tiles = ceil_div(info.p->max_seqlen_k, kKvTile);  // >= any segment's tiles
+  st.entries = std::min(s.idx_capacity, (minimal ? 1 : kRangeSegments) * kv_tiles);
+  st.idx = aligned_ints(st.entries);
   return st;
 }
 
+// The widest CUDA range whose storage fits `bytes` (at least 1 tile, at most max_q_tiles).
+IndexStorage widest_cuda_storage(const ProblemInfo& info, const fp_select_config& c, size_t bytes) {
+  auto fits = [&](int64_t w) {
+    const Size need = cuda_storage(info, c, w).workspace();
+    return need.ok() && uint64_t(need.value()) <= bytes;
+  };
+  int64_t lo = 1, hi = std::max<int64_t>(1, info.max_q_tiles);  // fits(lo) holds
+  if (fits(hi)) return cuda_storage(info, c, hi);  // one range: no search
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return cuda_storage(info, c, lo);
+}
+
 // The workspace fp_prefill asks for (or, with `minimal`, the least it runs with), and the
-// storage in it. On CUDA the index stage must be able to address the whole index.
+// storage in it.
 fp_status prefill_workspace(const ProblemInfo& info, const fp_select_config& c, bool minimal,
                             size_t* bytes, IndexStorage* storage) {
   if (info.p->flags & FP_FLAG_MEANS_POOLED)
     return fail(FP_ERROR_INVALID_ARGUMENT,
                 "fp_prefill pools the means itself: FP_FLAG_MEANS_POOLED applies to fp_build_index");
-  const fp_index_sizes s = index_sizes(info, c);
-  if (info.p->device == FP_DEVICE_CUDA && s.idx_capacity >= (int64_t(1) << 31))
+  if (info.p->device == FP_DEVICE_CPU) {
+    *storage = cpu_storage(info, c, minimal);
+    return checked_bytes(storage->workspace(), "prefill workspace", bytes);
+  }
+  const QueryRangeShape shape = range_shape(info, c);
+  const Size one_tile = range_entries(shape, 1);
+  if (!one_tile.fits(kRangeEntryLimit - 1))
     return fail(FP_ERROR_UNSUPPORTED,
-                "the CUDA prefill needs an index of up to " + std::to_string(s.idx_capacity) +
-                    " entries, more than int32 offsets address");
-  *storage = index_storage(info, c, minimal);
-  return checked_bytes(storage->total() + larger(index_ws(info, c), attention_ws(info, c, true)),
-                       "prefill workspace", bytes);
+                "the CUDA prefill needs up to " +
+                    (one_tile.ok() ? std::to_string(one_tile.value()) : std::string("> 2^63")) +
+                    " index entries for one query tile of every request and KV head, more than "
+                    "int32 offsets address");
+  *storage = cuda_storage(info, c, minimal ? 1 : default_range_tiles(shape));
+  return checked_bytes(storage->workspace(), "prefill workspace", bytes);
 }
 
 fp_status build_index_impl(const ProblemInfo& info, const fp_select_config& c, const fp_index& index,
@@ -171,16 +217,16 @@ fp_status validate_given_index(const ProblemInfo& info, const fp_index& index) {
   return ref::validate_index_tiles(info, cu.data(), idx.data());
 }
 
-// `given`: the caller's index, validated; fp_prefill's own index is not.
+// The caller's index, validated before it is read.
 fp_status sparse_attention_impl(const ProblemInfo& info, const fp_select_config& c,
                                 const fp_index& index, const fp_output& out, void* ws,
-                                size_t bytes, bool given) {
+                                size_t bytes) {
   FP_TRY(validate_index_buffers(info, c, &index, true));
   FP_TRY(validate_output(info, &out));
   size_t need = 0;
   FP_TRY(checked_bytes(attention_ws(info, c, true), "attention workspace", &need));
   FP_TRY(check_workspace(info, need, ws, bytes));
-  if (given) FP_TRY(validate_given_index(info, index));
+  FP_TRY(validate_given_index(info, index));
   if (info.p->device == FP_DEVICE_CUDA) return cuda::sparse_attention(info, c, index, out, ws, bytes);
   ref::sparse_attention(info, c, index, out);
   return FP_OK;
@@ -299,7 +345,7 @@ fp_status fp_sparse_attention(const fp_problem* problem, const fp_select_config*
   return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
     FP_TRY(check_out_ptr(index, "index"));
     FP_TRY(check_out_ptr(output, "output"));
-    return sparse_attention_impl(info, c, *index, *output, workspace, workspace_bytes, true);
+    return sparse_attention_impl(info, c, *index, *output, workspace, workspace_bytes);
   });
 }
 
@@ -326,6 +372,7 @@ fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
         IndexStorage st;
         FP_TRY(prefill_workspace(info, c, true, &need, &st));
         FP_TRY(check_workspace(info, need, workspace, workspace_bytes));
+        if (info.p->device == FP_DEVICE_CUDA) st = widest_cuda_storage(info, c, workspace_bytes);
         char* base = static_cast<char*>(workspace);
         const size_t cu = size_t(st.cu.value()), mean = size_t(st.mean.value());
         fp_index index{};
@@ -339,11 +386,10 @@ fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
           prefill_cpu(info, c, *output, index);
           return FP_OK;
         }
-        index.idx_capacity = st.idx.value() / int64_t(sizeof(int32_t));
+        index.idx_capacity = st.entries;
         char* stage = base + st.total().value();
-        const size_t stage_bytes = workspace_bytes - size_t(st.total().value());
-        FP_TRY(build_index_impl(info, c, index, stage, stage_bytes));
-        return sparse_attention_impl(info, c, index, *output, stage, stage_bytes, false);
+        return cuda::prefill(info, c, index, int32_t(st.range_tiles), *output, stage,
+                             workspace_bytes - size_t(st.total().value()));
       },
       true);
 }

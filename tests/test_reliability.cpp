@@ -1,18 +1,26 @@
 // Sizes that cannot wrap, validators that read nothing before checking it, flags that cannot be
-// misused, bounds clamped to the call, the CPU prefill in bounded memory, and a reference that
-// keeps its contract at long contexts.
+// misused, bounds clamped to the call, the prefill in bounded memory (the CPU path, and the CUDA
+// path's range arithmetic), and a reference that keeps its contract at long contexts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/geometry.hpp"
+#include "core/query_ranges.hpp"
 #include "flashprefill/flashprefill.hpp"
 #include "test_support.hpp"
 
 using namespace fptest;
+using flashprefill::ceil_div;
+using flashprefill::kKvTile;
+using flashprefill::kTileRows;
+using flashprefill::QueryRangeShape;
+using flashprefill::SeqGeometry;
 
 namespace {
 
@@ -224,6 +232,96 @@ TEST(BoundedPrefill, MillionTokenWorkspaceIsLinear) {
   EXPECT_LE(full, size_t(82) << 20);  // 64 MiB of means, 1 MiB of cu, 16 MiB of index entries
   EXPECT_LE(double(full) / double(half), 2.01);
   EXPECT_GE(double(full) / double(half), 1.99);
+}
+
+// The CUDA prefill's query-tile ranges (core/query_ranges.hpp) for one request of `len` queries
+// and keys, with the index sizes the C ABI reports (they do not depend on the device, so the CPU
+// query stands in for a CUDA problem on a machine without a GPU).
+QueryRangeShape one_request(int32_t len, int32_t hq, int32_t hkv, int32_t d) {
+  ShapeOnly s(1, hq, hkv, d, len, len);
+  fp_select_config c = default_config();
+  fp_index_sizes sizes{};
+  EXPECT_EQ(fp_index_sizes_query(&s.p, &c, &sizes), FP_OK) << fp_last_error_message();
+  return {1, hkv, sizes.max_q_tiles, ceil_div(len, kKvTile), sizes.idx_capacity};
+}
+
+// Issue: at Hq = 32, Hkv = 8, D = 128 the CUDA prefill sized the whole index (16 GiB at 1M tokens)
+// and refused it. Its ranges hold at most 2^25 entries (128 MiB) there, whatever the length: the
+// index work grows as L^2, so the number of ranges does, not the memory.
+TEST(QueryRanges, MillionTokensFitABoundedIndex) {
+  const QueryRangeShape half = one_request(1 << 19, 32, 8, 128);
+  const QueryRangeShape full = one_request(1 << 20, 32, 8, 128);
+  EXPECT_EQ(full.max_q_tiles, 32768);
+  EXPECT_EQ(full.idx_capacity, int64_t(1) << 32);  // the whole index: 16 GiB of int32
+  const int64_t w = flashprefill::default_range_tiles(full);
+  EXPECT_EQ(w, 256);
+  EXPECT_EQ(flashprefill::range_entries(full, w).value(), flashprefill::kRangeEntries);
+  EXPECT_EQ(flashprefill::range_segments(full, w).value(), 2048);
+  EXPECT_EQ(flashprefill::range_count(full, w), 128);
+  const int64_t wh = flashprefill::default_range_tiles(half);
+  EXPECT_LE(flashprefill::range_entries(half, wh).value(), flashprefill::kRangeEntries);
+  EXPECT_EQ(flashprefill::range_count(full, w), 4 * flashprefill::range_count(half, wh));
+  // A one-tile range (the least workspace) grows linearly: 8 heads x 16384 tiles.
+  EXPECT_EQ(flashprefill::range_entries(full, 1).value(), 8 * 16384);
+  EXPECT_EQ(flashprefill::range_entries(full, 1).value(),
+            2 * flashprefill::range_entries(half, 1).value());
+}
+
+// Problems whose whole index fits the range budget run as one range: the index of the
+// one-range call, nothing more.
+TEST(QueryRanges, ShortProblemsRunAsOneRange) {
+  for (const int32_t len : {1, 100, 4096, 65536}) {
+    const QueryRangeShape s = one_request(len, 32, 8, 128);
+    const int64_t w = flashprefill::default_range_tiles(s);
+    EXPECT_EQ(w, s.max_q_tiles) << len;
+    EXPECT_EQ(flashprefill::range_count(s, w), 1) << len;
+    EXPECT_EQ(flashprefill::range_entries(s, w).value(), s.idx_capacity) << len;
+  }
+}
+
+// The range budget grows to one tile of every request and KV head when that is more.
+TEST(QueryRanges, ManyHeadsTakeOneTileRanges) {
+  const QueryRangeShape s{4, 256, 100000, 65536, int64_t(1) << 45};
+  EXPECT_EQ(flashprefill::default_range_tiles(s), 1);
+  EXPECT_EQ(flashprefill::range_entries(s, 1).value(), int64_t(4) * 256 * 65536);
+}
+
+// Every segment of a varlen batch lies in exactly one range, and each range's entries hold the
+// causal tiles (the most a segment can list) of all its segments, for every width.
+TEST(QueryRanges, RangesHoldTheirSegmentsCausalTiles) {
+  const std::vector<std::pair<int32_t, int32_t>> lens = {{3000, 5000}, {1, 1}, {700, 700},
+                                                         {0, 64}, {4096, 4100}};
+  const int32_t group = 4, hkv = 2;
+  int32_t max_q = 0, max_k = 0;
+  int64_t total_q = 0;
+  for (const auto& [lq, lk] : lens) {
+    max_q = std::max(max_q, lq);
+    max_k = std::max(max_k, lk);
+    total_q += lq;
+  }
+  const int64_t max_q_tiles = ceil_div(int64_t(group) * max_q, kTileRows);
+  const int64_t T = ceil_div(max_k, kKvTile);
+  const int64_t batch = int64_t(lens.size());
+  const int64_t capacity =
+      hkv * std::min(ceil_div(group * total_q, kTileRows) + batch, batch * max_q_tiles) * T;
+  const QueryRangeShape s{batch, hkv, max_q_tiles, T, capacity};
+  for (const int64_t w : {int64_t(1), int64_t(3), int64_t(7), max_q_tiles}) {
+    std::vector<int> seen(size_t(batch * hkv * max_q_tiles), 0);
+    for (int64_t i0 = 0; i0 < max_q_tiles; i0 += w) {
+      const int64_t tiles = std::min(w, max_q_tiles - i0);
+      int64_t listed = 0;
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t h = 0; h < hkv; ++h)
+          for (int64_t i = i0; i < i0 + tiles; ++i) {
+            ++seen[size_t((b * hkv + h) * max_q_tiles + i)];
+            const SeqGeometry seq{lens[size_t(b)].first, lens[size_t(b)].second, group};
+            if (i < seq.num_q_tiles()) listed += seq.causal_tiles(int32_t(i));
+          }
+      EXPECT_LE(listed, flashprefill::range_entries(s, tiles).value()) << w << " " << i0;
+    }
+    for (const int n : seen) EXPECT_EQ(n, 1) << w;
+    EXPECT_EQ(flashprefill::range_count(s, w), ceil_div(max_q_tiles, w));
+  }
 }
 
 // Issue: float32 running sums in the reference lost the tail behind a dominant sink (rel. L2

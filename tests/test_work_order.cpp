@@ -18,6 +18,7 @@ namespace {
 using flashprefill::decode_in_request;
 using flashprefill::decode_work_item;
 using flashprefill::kTileRows;
+using flashprefill::range_request_tiles;
 using flashprefill::request_tiles;
 using flashprefill::RequestCursor;
 using flashprefill::WorkCoord;
@@ -106,6 +107,51 @@ TEST(WorkOrder, RequestTilesArePackGqaTilesCappedByTheReservation) {
   EXPECT_EQ(request_tiles(33, 4, 10), 2);
   EXPECT_EQ(request_tiles(100003, 1, 1000000), (100003 + kTileRows - 1) / kTileRows);
   EXPECT_EQ(request_tiles(4096, 8, 100), 100);  // 256 tiles, capped
+}
+
+// fp_prefill's query-tile ranges on CUDA: each launch numbers the tiles
+// [tile_begin, tile_begin + range_tiles) of every request (range_request_tiles in its
+// tile_prefix) and the decoder adds tile_begin. Over the ranges of any width every (request, KV
+// head, tile, split) runs exactly once, with the in-range segment (b Hkv + h) range_tiles +
+// I - tile_begin inside the range's segments.
+TEST(WorkOrder, QueryTileRangesCoverEveryItemOnce) {
+  Batch batch;
+  batch.len_q = {1000, 0, 17, 333, 1000};
+  batch.group = 4;
+  batch.heads_kv = 3;
+  batch.section = 2;
+  batch.lead = 3;
+  batch.splits = 2;
+  batch.max_q_tiles = 32;
+  const int32_t batch_size = int32_t(batch.len_q.size());
+  for (const int32_t width : {1, 5, 32, 40}) {
+    std::set<std::tuple<int32_t, int32_t, int32_t, int32_t>> seen;
+    for (int32_t begin = 0; begin < batch.max_q_tiles; begin += width) {
+      const int32_t tiles = std::min(width, batch.max_q_tiles - begin);
+      std::vector<int32_t> prefix(size_t(batch_size) + 1, 0);
+      for (int32_t b = 0; b < batch_size; ++b)
+        prefix[size_t(b) + 1] =
+            prefix[size_t(b)] + range_request_tiles(batch.len_q[size_t(b)], batch.group,
+                                                    batch.max_q_tiles, begin, tiles);
+      const int32_t items = prefix.back() * batch.heads_kv * batch.splits;
+      int32_t request = 0;
+      for (int32_t item = 0; item < items; ++item) {
+        const WorkCoord c = decode_work_item(prefix.data(), batch_size, batch.heads_kv,
+                                             batch.section, batch.lead, batch.splits, item,
+                                             request);
+        const int32_t tile = begin + c.tile;
+        ASSERT_GE(c.tile, 0);
+        ASSERT_LT(c.tile, tiles);
+        ASSERT_LT(tile, request_tiles(batch.len_q[size_t(c.b)], batch.group, batch.max_q_tiles));
+        ASSERT_LT(flashprefill::segment_id(c.b, c.h, c.tile, batch.heads_kv, tiles),
+                  int64_t(batch_size) * batch.heads_kv * tiles);
+        ASSERT_TRUE(seen.insert({c.b, c.h, tile, c.split}).second) << width << " " << item;
+      }
+    }
+    int64_t all = 0;
+    for (const int32_t len : batch.len_q) all += request_tiles(len, batch.group, batch.max_q_tiles);
+    EXPECT_EQ(int64_t(seen.size()), all * batch.heads_kv * batch.splits) << width;
+  }
 }
 
 // One request of 1000 queries, g = 4, two KV heads: 32 query tiles per head.

@@ -29,6 +29,13 @@ FP_HD int32_t request_tiles(int32_t len_q, int32_t group, int32_t max_q_tiles) {
   return tiles < max_q_tiles ? tiles : max_q_tiles;
 }
 
+// Query tiles of a request inside the range [tile_begin, tile_begin + range_tiles).
+FP_HD int32_t range_request_tiles(int32_t len_q, int32_t group, int32_t max_q_tiles,
+                                  int32_t tile_begin, int32_t range_tiles) {
+  const int32_t tiles = request_tiles(len_q, group, max_q_tiles) - tile_begin;
+  return tiles <= 0 ? 0 : (tiles < range_tiles ? tiles : range_tiles);
+}
+
 struct WorkCoord {
   int32_t b = 0, h = 0, tile = 0, split = 0;
 };

@@ -32,4 +32,14 @@ fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& conf
 fp_status dense_attention(const ProblemInfo& info, const fp_output& output, void* workspace,
                           size_t workspace_bytes);
 
+// fp_prefill in query-tile ranges of `range_tiles` tiles (docs/ALGORITHM.md, "Sizes and the
+// prefill workspace"): pools into index.k_mean / v_mean, then selects each range into index.cu
+// (B Hkv range_tiles + 1 offsets) and index.idx (idx_capacity entries, at least what a range can
+// list) and attends it. prefill_workspace is the scratch beside the index.
+size_t prefill_workspace(const ProblemInfo& info, const fp_select_config& config,
+                         int64_t range_tiles);
+fp_status prefill(const ProblemInfo& info, const fp_select_config& config, const fp_index& index,
+                  int32_t range_tiles, const fp_output& output, void* workspace,
+                  size_t workspace_bytes);
+
 }  // namespace flashprefill::cuda

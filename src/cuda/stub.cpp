@@ -23,5 +23,10 @@ fp_status sparse_attention(const ProblemInfo&, const fp_select_config&, const fp
   return no_cuda();
 }
 fp_status dense_attention(const ProblemInfo&, const fp_output&, void*, size_t) { return no_cuda(); }
+size_t prefill_workspace(const ProblemInfo&, const fp_select_config&, int64_t) { return 0; }
+fp_status prefill(const ProblemInfo&, const fp_select_config&, const fp_index&, int32_t,
+                  const fp_output&, void*, size_t) {
+  return no_cuda();
+}
 
 }  // namespace flashprefill::cuda

@@ -20,6 +20,7 @@
 #include "cuda/attention/schedule_prep.hpp"
 #include "core/checked.hpp"
 #include "cuda/backend.hpp"
+#include "cuda/prefill.hpp"
 
 namespace flashprefill::cuda {
 namespace {
@@ -288,6 +289,7 @@ AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
   a.heads_kv = p.num_heads_kv;
   a.group = info.group;
   a.max_q_tiles = info.max_q_tiles;
+  a.range_tiles = info.max_q_tiles;
   a.scale_log2 = info.scale * float(M_LOG2E);
   a.out = out.out;
   a.out_stride_token = out.out_stride_token;
@@ -325,8 +327,10 @@ size_t pair_rows_bytes(const fp_problem& p) {
 }
 
 // Workspace: [scheduler] [run table] [split partials: O, LSE] [converted k means] [converted v
-// means].
-fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_t mean_bytes) {
+// means]. With `select`, the query tiles are launched in ranges of `range_tiles`, each selected
+// into the index by `select` first; the split partials are combined once, after the last range.
+fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_t mean_bytes,
+              int32_t range_tiles = 0, const RangeSelect* select = nullptr) {
   const fp_problem& p = *info.p;
   if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
   if (fp_status s = encode_q_map(p, info.group, a); s != FP_OK) return s;
@@ -373,8 +377,6 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
     if (e != cudaSuccess)
       return fail(FP_ERROR_CUDA, std::string("mean conversion failed: ") + cudaGetErrorString(e));
   }
-  if (const cudaError_t e = attention::launch_prepare_schedule(a, sched, stream); e != cudaSuccess)
-    return fail(FP_ERROR_CUDA, std::string("scheduler preparation failed: ") + cudaGetErrorString(e));
   a.max_pairs = attention::paged_max_pairs(p);
   a.tma_runs = a.tma_runs && a.max_pairs > 0;
   if (a.tma_runs) {
@@ -385,15 +387,47 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
   }
   const bool bf16 = p.dtype == FP_BFLOAT16;
   using attention::KvLayout;
-  cudaError_t err = !a.paged     ? launch_kernel<KvLayout::kContiguous>(a, bf16, p.head_dim, stream)
-                    : a.tma_runs ? launch_kernel<KvLayout::kPagedRuns>(a, bf16, p.head_dim, stream)
-                                 : launch_kernel<KvLayout::kPaged>(a, bf16, p.head_dim, stream);
+  const int64_t width = select != nullptr ? range_tiles : a.max_q_tiles;
+  cudaError_t err = cudaSuccess;
+  for (int64_t begin = 0; begin < a.max_q_tiles && err == cudaSuccess; begin += width) {
+    a.tile_begin = int32_t(begin);
+    a.range_tiles = int32_t(std::min<int64_t>(width, a.max_q_tiles - begin));
+    if (select != nullptr)
+      if (fp_status s = (*select)(a.tile_begin, a.range_tiles); s != FP_OK) return s;
+    if (const cudaError_t e = attention::launch_prepare_schedule(a, sched, stream);
+        e != cudaSuccess)
+      return fail(FP_ERROR_CUDA,
+                  std::string("scheduler preparation failed: ") + cudaGetErrorString(e));
+    err = !a.paged     ? launch_kernel<KvLayout::kContiguous>(a, bf16, p.head_dim, stream)
+          : a.tma_runs ? launch_kernel<KvLayout::kPagedRuns>(a, bf16, p.head_dim, stream)
+                       : launch_kernel<KvLayout::kPaged>(a, bf16, p.head_dim, stream);
+  }
   if (err == cudaSuccess && a.num_splits > 1) {
     attention::launch_combine(a, p.dtype, p.head_dim, stream);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess)
     return fail(FP_ERROR_CUDA, std::string("attention launch failed: ") + cudaGetErrorString(err));
+  return FP_OK;
+}
+
+// The sparse operator's arguments, after checking what the kernel supports.
+fp_status sparse_params(const ProblemInfo& info, const fp_select_config& config,
+                        const fp_index& index, const fp_output& output, AttentionParams* out) {
+  if (fp_status s = check_supported(info, output); s != FP_OK) return s;
+  if (config.mean_correction && (!aligned16(index.k_mean) || !aligned16(index.v_mean)))
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA mean correction needs 16-byte aligned k_mean/v_mean");
+  AttentionParams a = make_params(info, output);
+  a.sparse = true;
+  a.cu = index.cu;
+  a.idx = index.idx;
+  a.idx_capacity = index.idx_capacity;
+  a.correction = config.mean_correction != 0;
+  a.k_mean = index.k_mean;
+  a.v_mean = index.v_mean;
+  a.block_size = config.block_size;
+  a.max_blocks = index_sizes(info, config).max_blocks;
+  *out = a;
   return FP_OK;
 }
 
@@ -412,20 +446,20 @@ size_t attention_workspace(const ProblemInfo& info, const fp_select_config& conf
 fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,
                            const fp_index& index, const fp_output& output, void* workspace,
                            size_t) {
-  if (fp_status s = check_supported(info, output); s != FP_OK) return s;
-  if (config.mean_correction && (!aligned16(index.k_mean) || !aligned16(index.v_mean)))
-    return fail(FP_ERROR_UNSUPPORTED, "CUDA mean correction needs 16-byte aligned k_mean/v_mean");
-  AttentionParams a = make_params(info, output);
-  a.sparse = true;
-  a.cu = index.cu;
-  a.idx = index.idx;
-  a.idx_capacity = index.idx_capacity;
-  a.correction = config.mean_correction != 0;
-  a.k_mean = index.k_mean;
-  a.v_mean = index.v_mean;
-  a.block_size = config.block_size;
-  a.max_blocks = index_sizes(info, config).max_blocks;
+  AttentionParams a;
+  if (fp_status s = sparse_params(info, config, index, output, &a); s != FP_OK) return s;
   return run(info, a, workspace, lowp_mean_bytes(info, config, true));
+}
+
+fp_status sparse_attention_in_ranges(const ProblemInfo& info, const fp_select_config& config,
+                                     const fp_index& index, const fp_output& output,
+                                     void* workspace, int32_t range_tiles,
+                                     const RangeSelect& select) {
+  if (range_tiles < 1)
+    return fail(FP_ERROR_INTERNAL, "prefill stage: a query-tile range needs at least one tile");
+  AttentionParams a;
+  if (fp_status s = sparse_params(info, config, index, output, &a); s != FP_OK) return s;
+  return run(info, a, workspace, lowp_mean_bytes(info, config, true), range_tiles, &select);
 }
 
 fp_status dense_attention(const ProblemInfo& info, const fp_output& output, void* workspace,

@@ -121,6 +121,10 @@ struct AttentionParams {
   // A lane's row then shuffles as one 32-bit value per operand.
   uint32_t cp_k_unit = 0, cp_k_page_units = 0, cp_k_token_units = 0;
   uint32_t cp_v_unit = 0, cp_v_page_units = 0, cp_v_token_units = 0;
+  // The query tiles of this launch: I in [tile_begin, tile_begin + range_tiles) of every request
+  // and KV head (fp_prefill's query-tile ranges; 0 and max_q_tiles for the whole problem). The
+  // CSR numbers their segments (b Hkv + h) range_tiles + I - tile_begin.
+  int32_t tile_begin = 0, range_tiles = 0;
 };
 
 }  // namespace flashprefill::cuda::attention

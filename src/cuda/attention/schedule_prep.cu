@@ -17,7 +17,8 @@ __device__ int32_t inclusive_warp_scan(int32_t x, int lane) {
   return x;
 }
 
-// tile_prefix[b + 1] = sum of request_tiles (core/work_order.hpp) of requests 0 ... b.
+// tile_prefix[b + 1] = sum over requests 0 ... b of their tiles in the launch's range
+// (range_request_tiles, core/work_order.hpp).
 __global__ void __launch_bounds__(kThreads) prepare_schedule_kernel(const AttentionParams p) {
   __shared__ int32_t warp_sums[kWarps];
   __shared__ int32_t carry;
@@ -32,7 +33,8 @@ __global__ void __launch_bounds__(kThreads) prepare_schedule_kernel(const Attent
     const int32_t b = base + int32_t(threadIdx.x);
     int32_t tiles = 0;
     if (b < p.batch)
-      tiles = request_tiles(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], p.group, p.max_q_tiles);
+      tiles = range_request_tiles(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], p.group,
+                                  p.max_q_tiles, p.tile_begin, p.range_tiles);
     const int32_t x = inclusive_warp_scan(tiles, lane);
     if (lane == 31) warp_sums[warp] = x;
     __syncthreads();

@@ -2,7 +2,8 @@
 // request by request, inside a request from the query tile with the most causal work down to the
 // least, KV heads and then splits innermost. Only tiles that exist are numbered (tile_prefix,
 // written by prepare_schedule each call), so a varlen batch of unequal lengths claims no empty
-// items.
+// items. A launch may cover a range of query tiles (AttentionParams::tile_begin, range_tiles):
+// items then number the range's tiles, decoded relative to tile_begin.
 //
 // A CTA starts on item blockIdx.x and then claims gridDim.x + atomicAdd(counter, 1) near the end
 // of each item, so items are taken in order by whichever SM frees first: the SMs working at one
@@ -56,11 +57,11 @@ struct ItemDecoder {
     // are in flight together: one L2 round trip instead of two on the decoder's path.
     int64_t cu_begin = 0, cu_end = 0;
     if (p.sparse) {
-      const int64_t s = segment_id(c.b, c.h, c.tile, p.heads_kv, p.max_q_tiles);
+      const int64_t s = segment_id(c.b, c.h, c.tile, p.heads_kv, p.range_tiles);
       cu_begin = p.cu[s];
       cu_end = p.cu[s + 1];
     }
-    out.w = make_work(p, c.b, c.h, c.tile, c.split);
+    out.w = make_work(p, c.b, c.h, p.tile_begin + c.tile, c.split);
     out.trav = Traversal::make(p, out.w, cu_begin, cu_end);
     out.valid = 1;
   }

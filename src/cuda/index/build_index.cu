@@ -6,7 +6,9 @@
 #include <string>
 
 #include "core/checked.hpp"
+#include "core/query_ranges.hpp"
 #include "cuda/backend.hpp"
+#include "cuda/prefill.hpp"
 #include "cuda/index/csr.cuh"
 #include "cuda/index/pool.cuh"
 #include "cuda/index/score_select.cuh"
@@ -17,20 +19,24 @@ namespace {
 constexpr int64_t kAlign = 256;
 constexpr double kLog2e = 1.4426950408889634;
 
-// Workspace: rho(k_mean) in the dtype | per-segment block bitmasks | per-segment tile counts.
+// Workspace: rho(k_mean) in the dtype | per-segment block bitmasks | per-segment tile counts,
+// for the segments of `range_tiles` query tiles of every request and KV head (max_q_tiles: the
+// whole index).
 struct IndexWorkspace {
   size_t k_rounded = 0, mask = 0, counts = 0;
   int32_t mask_words = 0;
   Size bytes = 0;  // the total, checked
 
-  IndexWorkspace(const ProblemInfo& info, const fp_select_config& config) {
+  IndexWorkspace(const ProblemInfo& info, const fp_select_config& config, int64_t range_tiles) {
     const fp_index_sizes s = index_sizes(info, config);
+    const fp_problem& p = *info.p;
+    const Size segments = Size(p.batch_size) * Size(p.num_heads_kv) * Size(range_tiles);
     mask_words = int32_t(ceil_div(s.max_blocks, 32));
     const Size k_bytes =
-        (Size(s.mean_elements) * Size(int64_t(dtype_size(info.p->dtype)))).align_up(kAlign);
+        (Size(s.mean_elements) * Size(int64_t(dtype_size(p.dtype)))).align_up(kAlign);
     const Size mask_bytes =
-        (Size(s.num_segments) * Size(mask_words) * Size(int64_t(sizeof(uint32_t)))).align_up(kAlign);
-    const Size count_bytes = (Size(s.num_segments) * Size(int64_t(sizeof(int32_t)))).align_up(kAlign);
+        (segments * Size(mask_words) * Size(int64_t(sizeof(uint32_t)))).align_up(kAlign);
+    const Size count_bytes = (segments * Size(int64_t(sizeof(int32_t)))).align_up(kAlign);
     bytes = k_bytes + mask_bytes + count_bytes;
     k_rounded = size_t(k_bytes.value());
     mask = size_t(mask_bytes.value());
@@ -118,14 +124,20 @@ fp_status pool_kv(const ProblemInfo& info, const fp_select_config& config, float
 }
 
 size_t build_index_workspace(const ProblemInfo& info, const fp_select_config& config) {
-  return IndexWorkspace(info, config).total();
+  return IndexWorkspace(info, config, info.max_q_tiles).total();
 }
 
-fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
-                      const fp_index& index, void* workspace, size_t workspace_bytes) {
+size_t range_index_workspace(const ProblemInfo& info, const fp_select_config& config,
+                             int64_t range_tiles) {
+  return IndexWorkspace(info, config, range_tiles).total();
+}
+
+fp_status prepare_index(const ProblemInfo& info, const fp_select_config& config,
+                        const fp_index& index, int64_t range_tiles, void* workspace,
+                        size_t workspace_bytes) {
   const fp_problem& p = *info.p;
   const fp_index_sizes sizes = index_sizes(info, config);
-  const IndexWorkspace ws(info, config);
+  const IndexWorkspace ws(info, config, range_tiles);
   if (workspace_bytes < ws.total())
     return fail(FP_ERROR_WORKSPACE_TOO_SMALL,
                 "index stage: workspace has " + std::to_string(workspace_bytes) +
@@ -144,31 +156,46 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
                 "index stage: max_seqlen_k / block_size = " + std::to_string(sizes.max_blocks) +
                     " blocks do not fit the scoring kernel's shared memory");
 
-  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
-  char* scratch = static_cast<char*>(workspace);
-  void* k_rounded = scratch;
-  auto* mask = reinterpret_cast<uint32_t*>(scratch + ws.k_rounded);
-  auto* counts = reinterpret_cast<int32_t*>(scratch + ws.k_rounded + ws.mask);
-  const index::SeqMeta meta = seq_meta(info);
-
   const bool means_pooled = (p.flags & FP_FLAG_MEANS_POOLED) != 0;
   index::PoolParams pool =
       pool_params(info, config, index.k_mean,
-                  config.mean_correction && !means_pooled ? index.v_mean : nullptr, k_rounded);
+                  config.mean_correction && !means_pooled ? index.v_mean : nullptr, workspace);
   pool.all_pooled = means_pooled;
-  if (fp_status s = check_launch(index::launch_pool(pool, p.dtype, p.head_dim, stream), "pool");
-      s != FP_OK)
-    return s;
+  return check_launch(
+      index::launch_pool(pool, p.dtype, p.head_dim, static_cast<cudaStream_t>(p.stream)), "pool");
+}
+
+fp_status select_range(const ProblemInfo& info, const fp_select_config& config,
+                       const fp_index& index, int64_t range_tiles, void* workspace,
+                       int32_t tile_begin, int32_t tiles) {
+  const fp_problem& p = *info.p;
+  const fp_index_sizes sizes = index_sizes(info, config);
+  // Every tile the range's segments can list has a slot: the kernels never drop one.
+  const QueryRangeShape shape{p.batch_size, p.num_heads_kv, sizes.max_q_tiles,
+                              ceil_div(p.max_seqlen_k, kKvTile), sizes.idx_capacity};
+  const Size need = range_entries(shape, tiles);
+  if (tiles > range_tiles || !need.ok() || index.idx_capacity < need.value())
+    return fail(FP_ERROR_INTERNAL, "index stage: a range of " + std::to_string(tiles) +
+                                       " query tiles may list " + std::to_string(need.value()) +
+                                       " tiles but the index holds " +
+                                       std::to_string(index.idx_capacity));
+  const IndexWorkspace ws(info, config, range_tiles);
+  const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  char* scratch = static_cast<char*>(workspace);
+  auto* mask = reinterpret_cast<uint32_t*>(scratch + ws.k_rounded);
+  auto* counts = reinterpret_cast<int32_t*>(scratch + ws.k_rounded + ws.mask);
+  const index::SeqMeta meta = seq_meta(info);
 
   index::ScoreParams score;
   score.meta = meta;
   score.q = p.q;
   score.q_stride_token = p.q_stride_token;
   score.q_stride_head = p.q_stride_head;
-  score.k_rounded = k_rounded;
+  score.k_rounded = workspace;
   score.batch = p.batch_size;
   score.num_heads_kv = p.num_heads_kv;
-  score.max_q_tiles = sizes.max_q_tiles;
+  score.tile_begin = tile_begin;
+  score.range_tiles = tiles;
   score.max_blocks = sizes.max_blocks;
   score.block_size = config.block_size;
   score.group = FastDivmod(info.group);
@@ -189,10 +216,11 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
   index::CsrParams csr;
   csr.meta = meta;
   csr.num_heads_kv = p.num_heads_kv;
-  csr.max_q_tiles = sizes.max_q_tiles;
+  csr.tile_begin = tile_begin;
+  csr.range_tiles = tiles;
   csr.max_blocks = sizes.max_blocks;
   csr.block_size = config.block_size;
-  csr.num_segments = sizes.num_segments;
+  csr.num_segments = int64_t(p.batch_size) * p.num_heads_kv * tiles;
   csr.mask_words = ws.mask_words;
   csr.mask = mask;
   csr.counts = counts;
@@ -200,6 +228,15 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
   csr.idx = index.idx;
   csr.idx_capacity = index.idx_capacity;
   return check_launch(index::launch_csr(csr, stream), "csr");
+}
+
+fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
+                      const fp_index& index, void* workspace, size_t workspace_bytes) {
+  if (fp_status s =
+          prepare_index(info, config, index, info.max_q_tiles, workspace, workspace_bytes);
+      s != FP_OK)
+    return s;
+  return select_range(info, config, index, info.max_q_tiles, workspace, 0, info.max_q_tiles);
 }
 
 }  // namespace flashprefill::cuda

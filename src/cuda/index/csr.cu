@@ -45,8 +45,8 @@ __device__ __forceinline__ int32_t block_inclusive_scan(int32_t v, int32_t* warp
 // One warp writes segment `segment`'s tile ids from slot `slot` on.
 __device__ __forceinline__ void emit_segment(const CsrParams& p, int64_t segment, int64_t slot) {
   const int lane = threadIdx.x % 32;
-  const int32_t tile = int32_t(segment % p.max_q_tiles);
-  const int32_t b = int32_t(segment / p.max_q_tiles / p.num_heads_kv);
+  const int32_t tile = p.tile_begin + int32_t(segment % p.range_tiles);
+  const int32_t b = int32_t(segment / p.range_tiles / p.num_heads_kv);
   const SeqGeometry seq = p.meta.seq(b);
   const BlockGeometry blocks{p.block_size, seq.len_kv};
   const int32_t candidates = min(blocks.num_candidates(seq.pmax(tile)), p.max_blocks);

@@ -70,7 +70,7 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // One unit of work: the CSR segment (b, h, I). Units u = rank * (B * Hkv) + (b * Hkv + h) are
-// numbered heavy-first (rank 0 is the last query tile, which carries the most candidate blocks)
+// numbered heavy-first (rank 0 is the range's last query tile, with the most candidate blocks)
 // and dealt round-robin to the persistent CTAs; a cursor walks a CTA's units without dividing.
 struct UnitCursor {
   int32_t rank = 0, bh = 0;  // u / (B * Hkv) and u % (B * Hkv)
@@ -96,12 +96,13 @@ struct Unit {
   SeqGeometry seq;
 
   __device__ Unit(const ScoreParams& p, const UnitCursor& c) {
-    tile = p.max_q_tiles - 1 - c.rank;
+    const int32_t local = p.range_tiles - 1 - c.rank;
+    tile = p.tile_begin + local;
     p.heads_kv.divmod(c.bh, b, h);
     seq = p.meta.seq(b);
     packed_rows = seq.group * seq.len_q;
     num_tiles = int32_t(ceil_div(packed_rows, kTileRows));
-    segment = int64_t(c.bh) * p.max_q_tiles + tile;
+    segment = int64_t(c.bh) * p.range_tiles + local;
     if (empty()) return;
     const int32_t row0 = tile * kTileRows;
     pmin = seq.offset() + p.group.div(row0);
@@ -221,7 +222,7 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
       __syncthreads();  // chunk_landed: chunk c is in smem, chunk c - 1 is consumed
       if (c + 1 < num_chunks) {
         load_chunk(c + 1);
-      } else if (next_cursor.rank < p.max_q_tiles) {
+      } else if (next_cursor.rank < p.range_tiles) {
         const Unit next(p, next_cursor);
         if (!next.empty() && !next.dense(p)) {
           load_q_tile<T, D>(p, next, static_cast<T*>(sm.q()));
@@ -358,7 +359,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) score_select_kernel
   cursor.rank = int32_t(blockIdx.x) / heads;
   cursor.bh = int32_t(blockIdx.x) % heads;
   bool prefetched = false;  // whether this unit's Q tile is already in flight to sm.q()
-  while (cursor.rank < p.max_q_tiles) {
+  while (cursor.rank < p.range_tiles) {
     UnitCursor next = cursor;
     next.advance(step_rank, step_bh, heads);
     const Unit unit(p, cursor);
@@ -388,7 +389,7 @@ cudaError_t launch(const ScoreParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int64_t per_sm = std::clamp<int64_t>(
       int64_t(smem_per_sm) / int64_t(smem + kSmemReservedPerBlock), 1, kMinBlocksPerSm);
-  const int64_t units = int64_t(p.batch) * p.num_heads_kv * p.max_q_tiles;
+  const int64_t units = int64_t(p.batch) * p.num_heads_kv * p.range_tiles;
   const int64_t grid = std::min<int64_t>(units, per_sm * sms);
   kernel<<<dim3(unsigned(grid)), kThreads, smem, stream>>>(p);
   return cudaGetLastError();
@@ -405,7 +406,7 @@ size_t score_select_smem_bytes(int32_t head_dim, int32_t max_blocks) {
 
 cudaError_t launch_score_select(const ScoreParams& params, fp_dtype dtype, int32_t head_dim,
                                 cudaStream_t stream) {
-  if (params.max_q_tiles == 0) return cudaSuccess;
+  if (params.range_tiles == 0) return cudaSuccess;
   const bool bf16 = dtype == FP_BFLOAT16;
   if (head_dim == 64)
     return bf16 ? launch<__nv_bfloat16, 64>(params, stream) : launch<__half, 64>(params, stream);

@@ -20,7 +20,11 @@ struct ScoreParams {
   const void* q = nullptr;
   int64_t q_stride_token = 0, q_stride_head = 0;
   const void* k_rounded = nullptr;  // rho(k_mean) [B, Hkv, max_blocks, D] in the dtype
-  int32_t batch = 0, num_heads_kv = 0, max_q_tiles = 0, max_blocks = 0, block_size = 128;
+  int32_t batch = 0, num_heads_kv = 0, max_blocks = 0, block_size = 128;
+  // The query tiles scored: I in [tile_begin, tile_begin + range_tiles) of every request and KV
+  // head (tile_begin = 0 and range_tiles = max_q_tiles for the whole index); segment (b, h, I) is
+  // row (b Hkv + h) range_tiles + I - tile_begin of mask and counts.
+  int32_t tile_begin = 0, range_tiles = 0;
   // Divisors fixed for the launch: g (packed row -> query, head), block_size (position ->
   // block) and Hkv (unit -> request, head).
   FastDivmod group, block, heads_kv;
@@ -28,8 +32,8 @@ struct ScoreParams {
   float alpha = 0.f;
   SelectRules rules;
   int32_t mask_words = 0;           // 32-bit words of block bits per segment
-  uint32_t* mask = nullptr;         // [num_segments, mask_words], bit J of segment s = selected
-  int32_t* counts = nullptr;        // [num_segments] selected 64-token tiles, clipped to T_c
+  uint32_t* mask = nullptr;         // [B Hkv range_tiles, mask_words], bit J of a segment = selected
+  int32_t* counts = nullptr;        // [B Hkv range_tiles] selected 64-token tiles, clipped to T_c
 };
 
 // Dynamic shared memory of one CTA; launch_score_select refuses more than the device allows.
