@@ -54,7 +54,6 @@ import argparse
 import ctypes
 import json
 import math
-import os
 import sys
 
 import torch
@@ -761,20 +760,20 @@ def run_group(group, args, lib, gen, report, dense_ms):
     if group == "chunk":
         # Chunked prefill: one request's new chunk against its cached prefix. Its query tiles
         # cannot fill the GPU, so the heuristic splits each tile's KV range (Eq. 18) and a combine
-        # kernel merges the partials; the row also times the call with splitting forced off
-        # (FLASHPREFILL_ATTENTION_SPLITS=1, read at each call) and compares the two outputs.
+        # kernel merges the partials; the row also times the call with splitting turned off
+        # (the problem's tuning.num_splits = 1, workspace sized for it) and compares the outputs.
         for lq, lkv in chunk_shapes(args):
             b = Batch([lq], [lkv])
             ours = Ours(lib, b)
             ref = b.poisoned_run(ours.dense)
             t = median_ms(ours.dense)
-            os.environ["FLASHPREFILL_ATTENTION_SPLITS"] = "1"
+            b.problem.tuning.num_splits = 1
             try:
                 unsplit = Ours(lib, b)
                 err_unsplit = rel_err(b.poisoned_run(unsplit.dense), ref)
                 t_unsplit = median_ms(unsplit.dense)
             finally:
-                del os.environ["FLASHPREFILL_ATTENTION_SPLITS"]
+                b.problem.tuning.num_splits = 0
             row = dict(row="chunk", len_q=lq, len_kv=lkv, ours_ms=t, ours_tflops=tflops(b, t),
                        unsplit_ms=t_unsplit, split_speedup=t_unsplit / t, unsplit_relerr=err_unsplit)
             add_lower_right_baselines(row, b, ref, t)

@@ -254,7 +254,13 @@ void prefill_cpu(const ProblemInfo& info, const fp_select_config& c, const fp_ou
 
 extern "C" {
 
-const char* fp_version(void) { return "0.2.0"; }
+#define FP_STRINGIFY(x) #x
+#define FP_VERSION_STRING(major, minor, patch) \
+  FP_STRINGIFY(major) "." FP_STRINGIFY(minor) "." FP_STRINGIFY(patch)
+
+const char* fp_version(void) {
+  return FP_VERSION_STRING(FP_VERSION_MAJOR, FP_VERSION_MINOR, FP_VERSION_PATCH);
+}
 
 const char* fp_status_string(fp_status status) {
   switch (status) {

@@ -19,7 +19,7 @@ namespace {
 // The FP8 fields are appended: every field before them keeps its offset (LP64).
 static_assert(sizeof(void*) != 8 || (offsetof(fp_problem, seqlens_k) == 208 &&
                                      offsetof(fp_problem, kv_dtype) == 216 &&
-                                     sizeof(fp_problem) == 296));
+                                     offsetof(fp_problem, v_descale_stride_head) == 288));
 
 TEST(E4m3, DecodesEveryCode) {
   EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.f, -9));   // smallest subnormal

@@ -27,6 +27,9 @@ using flashprefill::cuda::attention::kTmaMinBoxRows;
 using flashprefill::cuda::attention::paged_row_units;
 using flashprefill::cuda::attention::paged_rows_fit_32_bits;
 using flashprefill::cuda::attention::paged_tma_box_rows;
+using flashprefill::cuda::attention::tuned_head_section;
+using flashprefill::cuda::attention::tuned_lead_tiles;
+using flashprefill::cuda::attention::tuned_splits;
 
 constexpr int kSms = 132;
 
@@ -161,6 +164,43 @@ TEST(LeadTiles, OneWaveOfTheGridAcrossAllHeads) {
         ASSERT_GE(lead * heads * splits, ctas);
         ASSERT_LT((lead - 1) * heads * splits, ctas);
       }
+}
+
+// fp_attention_tuning: a field set replaces its heuristic, a field left 0 keeps it; one field
+// leaves the other choices alone.
+TEST(Tuning, SetFieldsOverrideTheHeuristicsAndZeroKeepsThem) {
+  fp_problem p{};
+  p.total_q = 256;  // a chunk against a long prefix: the heuristic splits it
+  p.max_seqlen_k = 131072;
+  p.num_heads_q = 32;
+  p.num_heads_kv = 8;
+  p.head_dim = 128;
+  ProblemInfo info;
+  info.p = &p;
+  info.group = 4;
+  constexpr int64_t kL2 = 50 << 20;
+  const int32_t splits = choose_splits(info, kSms), section = choose_head_section(info, kL2);
+  ASSERT_GT(splits, 1);
+  EXPECT_EQ(tuned_splits(info, kSms), splits);
+  EXPECT_EQ(tuned_head_section(info, kL2), section);
+  EXPECT_EQ(tuned_lead_tiles(info, kSms, splits), choose_lead_tiles(kSms, 8, splits));
+  for (int32_t n = 1; n <= kMaxSplits; ++n) {
+    p.tuning = {};
+    p.tuning.num_splits = n;
+    EXPECT_EQ(tuned_splits(info, kSms), n);
+    EXPECT_EQ(tuned_head_section(info, kL2), section);
+    EXPECT_EQ(tuned_lead_tiles(info, kSms, n), choose_lead_tiles(kSms, 8, n));
+  }
+  for (int32_t n = 1; n <= p.num_heads_kv; ++n) {
+    p.tuning = {};
+    p.tuning.head_section = n;
+    EXPECT_EQ(tuned_head_section(info, kL2), n);
+    EXPECT_EQ(tuned_splits(info, kSms), splits);
+  }
+  p.tuning = {};
+  p.tuning.lead_tiles = 3;
+  EXPECT_EQ(tuned_lead_tiles(info, kSms, splits), 3);
+  EXPECT_EQ(tuned_splits(info, kSms), splits);
 }
 
 // A paged pool [num_pages, page_size, Hkv, D] (NHD); gap_tokens poisoned tokens after each page.

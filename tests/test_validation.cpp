@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -112,6 +113,11 @@ std::vector<BadCase> cases() {
          p.seqlens_k = lens; }, E, "negative"},
       {"paged_strides_overlap", [](P& p, C&) { p.k_stride_page = 16; }, E, "overlap"},
       {"unknown_flag_bits", [](P& p, C&) { p.flags |= 0x80u; }, E, "unknown problem flags 0x80"},
+      {"tuning_splits_negative", [](P& p, C&) { p.tuning.num_splits = -1; }, E, "tuning.num_splits must lie in [0, 16]"},
+      {"tuning_splits_too_many", [](P& p, C&) { p.tuning.num_splits = FP_MAX_SPLITS + 1; }, E, "tuning.num_splits must lie in [0, 16]"},
+      {"tuning_head_section_negative", [](P& p, C&) { p.tuning.head_section = -2; }, E, "tuning.head_section"},
+      {"tuning_head_section_past_kv_heads", [](P& p, C&) { p.tuning.head_section = 3; }, E, "num_heads_kv = 2"},
+      {"tuning_lead_tiles_negative", [](P& p, C&) { p.tuning.lead_tiles = -1; }, E, "tuning.lead_tiles must be >= 0"},
       {"q_stride_2_pow_62", [](P& p, C&) { p.q_stride_token = int64_t(1) << 62; }, E, "2^48"},
       {"paged_stride_2_pow_62", [](P& p, C&) { p.v_stride_page = int64_t(1) << 62; }, E, "2^48"},
   };
@@ -149,6 +155,62 @@ TEST(ValidationMisc, NullStructs) {
   EXPECT_STREQ(fp_last_error_message(), "out is NULL");
   EXPECT_EQ(fp_sparse_attention(&p, &c, nullptr, &out.view, nullptr, 0), FP_ERROR_INVALID_ARGUMENT);
   EXPECT_STREQ(fp_last_error_message(), "index is NULL");
+}
+
+// The tuning is appended after the FP8 fields, which keep their offsets (LP64).
+static_assert(sizeof(void*) != 8 || (offsetof(fp_problem, v_descale_stride_head) == 288 &&
+                                     offsetof(fp_problem, tuning) == 296 &&
+                                     sizeof(fp_attention_tuning) == 12 &&
+                                     sizeof(fp_problem) == 312));
+
+// The tuning is part of the problem: the size queries and the dense call check it as well.
+TEST(ValidationMisc, TuningIsCheckedByEveryCall) {
+  TestProblem t({{100, 100}}, 4, 2, 16, FP_FLOAT32, 48);
+  fp_problem p = t.contiguous();
+  p.tuning.num_splits = 17;
+  fp_select_config c = default_config();
+  Output out(p);
+  size_t bytes = 0;
+  fp_index_sizes sizes;
+  const auto rejected = [] {
+    return std::string(fp_last_error_message()).find("tuning.num_splits") != std::string::npos;
+  };
+  EXPECT_EQ(fp_prefill_workspace_size(&p, &c, &bytes), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(rejected());
+  EXPECT_EQ(fp_sparse_attention_workspace_size(&p, &c, &bytes), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(rejected());
+  EXPECT_EQ(fp_build_index_workspace_size(&p, &c, &bytes), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(rejected());
+  EXPECT_EQ(fp_index_sizes_query(&p, &c, &sizes), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(rejected());
+  EXPECT_EQ(fp_dense_attention_workspace_size(&p, &bytes), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(rejected());
+  EXPECT_EQ(fp_dense_attention(&p, &out.view, nullptr, 0), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(rejected());
+}
+
+// The CPU path has no work layout to tune: any valid tuning gives the same bits.
+TEST(ValidationMisc, ValidTuningLeavesTheCpuResultAlone) {
+  TestProblem t({{300, 300}, {70, 500}}, 4, 2, 16, FP_FLOAT32, 49);
+  const fp_problem plain = t.contiguous();
+  fp_select_config c = default_config();
+  Output want(plain);
+  std::vector<unsigned char> ws(1 << 22);
+  ASSERT_EQ(fp_prefill(&plain, &c, &want.view, ws.data(), ws.size()), FP_OK)
+      << fp_last_error_message();
+  for (const fp_attention_tuning tuning :
+       {fp_attention_tuning{1, 0, 0}, fp_attention_tuning{FP_MAX_SPLITS, 2, 1},
+        fp_attention_tuning{0, 1, 1000}}) {
+    fp_problem p = plain;
+    p.tuning = tuning;
+    size_t bytes = 0;
+    ASSERT_EQ(fp_prefill_workspace_size(&p, &c, &bytes), FP_OK) << fp_last_error_message();
+    ASSERT_LE(bytes, ws.size());
+    Output got(p);
+    ASSERT_EQ(fp_prefill(&p, &c, &got.view, ws.data(), ws.size()), FP_OK)
+        << fp_last_error_message();
+    EXPECT_EQ(got.data, want.data);
+  }
 }
 
 TEST(ValidationMisc, WorkspaceTooSmall) {

@@ -45,12 +45,14 @@ extern "C" {
 #endif
 
 #define FP_VERSION_MAJOR 0
-#define FP_VERSION_MINOR 2
+#define FP_VERSION_MINOR 3
 #define FP_VERSION_PATCH 0
 
 /* Rows of the PackGQA query tile (Eq. 12-13) and tokens of one physical KV tile. */
 #define FP_TILE_ROWS 128
 #define FP_KV_TILE 64
+/* The most ways fp_attention_tuning.num_splits may split a query tile's KV iterations. */
+#define FP_MAX_SPLITS 16
 
 typedef enum fp_status {
   FP_OK = 0,
@@ -85,6 +87,21 @@ typedef enum fp_kv_layout { FP_KV_CONTIGUOUS = 0, FP_KV_PAGED = 1 } fp_kv_layout
  * beside the KV cache by fp_pool_kv across chunked-prefill steps) and only scores and selects.
  * fp_prefill pools itself and refuses it. Any other flag bit is an error. */
 #define FP_FLAG_MEANS_POOLED 2u
+
+/* How the CUDA attention stage lays out its work (docs/ALGORITHM.md, "Work units"). Each field
+ * 0 leaves the choice to the library's heuristic, made from the problem's shapes alone; a value
+ * overrides it, for the workspace size query and the call alike (they must see the same
+ * values: the split count sizes the workspace). Results do not depend on them beyond the split
+ * combine's rounding. Every call validates them (FP_ERROR_INVALID_ARGUMENT); the CPU path has no
+ * such choices and ignores valid values. */
+typedef struct fp_attention_tuning {
+  int32_t num_splits;          /* ways to split each query tile's KV iterations (Eq. 18), 1 ..
+                                  FP_MAX_SPLITS; more than 1 adds float partials to the
+                                  workspace and a combine kernel */
+  int32_t head_section;        /* KV heads per section of the work order, 1 .. num_heads_kv */
+  int32_t lead_tiles;          /* query tiles of every request taken from every KV head before
+                                  the head sections, >= 1 (past a request's tiles: all of them) */
+} fp_attention_tuning;
 
 /* One attention problem: a varlen batch of new queries against (possibly cached) keys. */
 typedef struct fp_problem {
@@ -150,6 +167,10 @@ typedef struct fp_problem {
   int64_t q_descale_stride_batch, q_descale_stride_head;
   int64_t k_descale_stride_batch, k_descale_stride_head;
   int64_t v_descale_stride_batch, v_descale_stride_head;
+
+  /* Attention tuning, appended like the FP8 fields; zero-initialized, every choice is the
+   * heuristic's. fp_build_index and fp_pool_kv only validate it. */
+  fp_attention_tuning tuning;
 } fp_problem;
 
 /* Block selection (Eq. 19-20) and mean correction (Eq. 6). */

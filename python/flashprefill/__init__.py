@@ -16,6 +16,9 @@ docstring states its tensors.
 Plan/run for serving engines (plan.py): `plan = fp.Plan(...)` once per forward from the batch's
 metadata, `plan.run(q, k, v)` per layer with the least host work.
 
+The attention calls and Plan take `tuning=fp.AttentionTuning(num_splits=1)` (or head_section,
+lead_tiles) to fix the CUDA attention stage's work layout instead of the library's heuristic.
+
 torch custom ops: `import flashprefill.torch` registers torch.ops.flashprefill.* (prefill,
 dense_attention, build_index, pool_kv, sparse_attention and their out-variants), which work
 under torch.compile and CUDA graphs (torch.py).
@@ -28,8 +31,8 @@ build/libflashprefill.so of the repository this package sits in, else the system
 """
 
 from ._index import Index, IndexSizes, SelectConfig
-from ._lib import KV_TILE, TILE_ROWS, FlashPrefillError, Status, version
-from ._problem import PagedKV
+from ._lib import KV_TILE, MAX_SPLITS, TILE_ROWS, FlashPrefillError, Status, version
+from ._problem import AttentionTuning, PagedKV
 from .plan import Plan
 from .api import (build_index, cuda_available, dense_attention, index_sizes, pool_kv, prefill,
                   sparse_attention)
@@ -37,7 +40,7 @@ from .api import (build_index, cuda_available, dense_attention, index_sizes, poo
 __version__ = version()
 
 __all__ = [
-    "FlashPrefillError", "Index", "IndexSizes", "KV_TILE", "PagedKV", "Plan", "SelectConfig", "Status",
-    "TILE_ROWS", "build_index", "cuda_available", "dense_attention", "index_sizes", "pool_kv",
-    "prefill", "sparse_attention",
+    "AttentionTuning", "FlashPrefillError", "Index", "IndexSizes", "KV_TILE", "MAX_SPLITS",
+    "PagedKV", "Plan", "SelectConfig", "Status", "TILE_ROWS", "build_index", "cuda_available",
+    "dense_attention", "index_sizes", "pool_kv", "prefill", "sparse_attention",
 ]

@@ -8,9 +8,10 @@ import ctypes
 import enum
 
 # Mirrors of the header's macros.
-VERSION = (0, 2, 0)
+VERSION = (0, 3, 0)
 TILE_ROWS = 128   # FP_TILE_ROWS: packed rows of a PackGQA query tile
 KV_TILE = 64      # FP_KV_TILE: tokens of a physical KV tile
+MAX_SPLITS = 16   # FP_MAX_SPLITS: the most KV splits fp_attention_tuning.num_splits may ask for
 FLAG_VALIDATE_DEVICE_METADATA = 1
 FLAG_MEANS_POOLED = 2
 
@@ -45,6 +46,15 @@ class KvLayout(enum.IntEnum):
 
 
 _c_enum = ctypes.c_int
+
+
+class AttentionTuning(ctypes.Structure):
+    """fp_attention_tuning."""
+    _fields_ = [
+        ("num_splits", ctypes.c_int32),
+        ("head_section", ctypes.c_int32),
+        ("lead_tiles", ctypes.c_int32),
+    ]
 
 
 class Problem(ctypes.Structure):
@@ -94,6 +104,8 @@ class Problem(ctypes.Structure):
         ("k_descale_stride_head", ctypes.c_int64),
         ("v_descale_stride_batch", ctypes.c_int64),
         ("v_descale_stride_head", ctypes.c_int64),
+        # Attention tuning, appended likewise.
+        ("tuning", AttentionTuning),
     ]
 
 

@@ -11,8 +11,9 @@ import os
 import pathlib
 
 from ._abi import (  # noqa: F401 - re-exported for the package
-    VERSION, TILE_ROWS, KV_TILE, FLAG_VALIDATE_DEVICE_METADATA, FLAG_MEANS_POOLED,
-    Status, DType, Device, KvLayout, _c_enum, Problem, SelectConfig, Index, IndexSizes, Output)
+    VERSION, TILE_ROWS, KV_TILE, MAX_SPLITS, FLAG_VALIDATE_DEVICE_METADATA, FLAG_MEANS_POOLED,
+    Status, DType, Device, KvLayout, _c_enum, AttentionTuning, Problem, SelectConfig, Index,
+    IndexSizes, Output)
 
 _SETUP_HINT = ("install the package with `pip install .` from the repository (or `bash "
                "scripts/setup.sh`), or set FLASHPREFILL_LIB to the path of libflashprefill.so")

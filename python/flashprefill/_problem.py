@@ -43,6 +43,43 @@ class PagedKV:
     seqlens_k: object
 
 
+@dataclasses.dataclass(frozen=True)
+class AttentionTuning:
+    """How the CUDA attention stage lays out its work; mirrors fp_attention_tuning
+    (docs/ALGORITHM.md, "Work units"). A field left 0 is chosen by the library's heuristic from
+    the problem's shapes; a value overrides it, for the workspace size and the call alike. The
+    library validates the values (FlashPrefillError INVALID_ARGUMENT outside their ranges); the
+    CPU has no such choices and ignores valid ones.
+
+    Attributes:
+        num_splits: ways to split each query tile's KV iterations (Eq. 18), 1 .. MAX_SPLITS
+            (16); above 1 the workspace holds float partials that a combine kernel merges.
+        head_section: KV heads per section of the work order, 1 .. Hkv.
+        lead_tiles: query tiles of every request taken from every KV head before the head
+            sections, >= 1.
+    """
+
+    num_splits: int = 0
+    head_section: int = 0
+    lead_tiles: int = 0
+
+    def to_c(self):
+        i32 = _arrays.int32
+        return _lib.AttentionTuning(i32(self.num_splits, "num_splits"),
+                                    i32(self.head_section, "head_section"),
+                                    i32(self.lead_tiles, "lead_tiles"))
+
+
+def tuning_struct(tuning):
+    """The fp_attention_tuning of an AttentionTuning or None (every choice the heuristic's)."""
+    if tuning is None:
+        return _lib.AttentionTuning()
+    if not isinstance(tuning, AttentionTuning):
+        raise TypeError(f"tuning: expected a flashprefill.AttentionTuning, got "
+                        f"{type(tuning).__name__}")
+    return tuning.to_c()
+
+
 class BuiltProblem:
     """An fp_problem (`c`) and every array its pointers refer to (kept alive with it)."""
 
@@ -66,11 +103,13 @@ def _max_length(metadata, host, cumulative):
 
 def build_problem(q, k, v, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                   max_seqlen_q=None, max_seqlen_k=None, validate_metadata=True,
-                  descales=(None, None, None)):
+                  descales=(None, None, None), tuning=None):
     """The fp_problem of q against contiguous k, v or a PagedKV passed as k (see api.py);
-    descales: (q_descale, k_descale, v_descale) of an FP8 problem (_fp8.py)."""
+    descales: (q_descale, k_descale, v_descale) of an FP8 problem (_fp8.py); tuning: an
+    AttentionTuning or None."""
     qa = _arrays.wrap(q, "q", 3)
     c = _lib.Problem()
+    c.tuning = tuning_struct(tuning)
     c.dtype = _arrays.fp_dtype(qa)
     paged = isinstance(k, PagedKV)
     if paged:

@@ -28,6 +28,9 @@ Shared conventions (every call):
         contiguous; a new contiguous array when None.
     Returned out: [total_q, Hq, D] in q's dtype; lse: [Hq, total_q] float32, the natural-log
     log-sum-exp of the scaled logits of every row. Nothing is differentiable.
+    tuning (keyword-only, the attention calls): an AttentionTuning that fixes the CUDA attention
+        stage's split count, head section or lead tiles; None (or a field 0) leaves each to the
+        library's heuristic. The CPU ignores it.
     FP8 e4m3 (docs/ALGORITHM.md "FP8 e4m3"; CPU only until the CUDA kernel exists: on CUDA the
         library raises FlashPrefillError UNSUPPORTED): q, k and v in float8_e4m3fn
         (ml_dtypes.float8_e4m3fn or torch.float8_e4m3fn), or a bfloat16/float16 q over
@@ -130,7 +133,7 @@ def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_to
             window_tokens=512, dense_recent_tiles=1, mean_correction=True, cu_seqlens_q=None,
             cu_seqlens_k=None, return_stats=False, *, return_lse=False, max_seqlen_q=None,
             max_seqlen_k=None, validate_metadata=True, out=None, q_descale=None, k_descale=None,
-            v_descale=None):
+            v_descale=None, tuning=None):
     """Block-sparse causal prefill attention (FlashPrefill V2): index stage, then attention.
 
     Args:
@@ -146,7 +149,7 @@ def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_to
         return_stats: also return a dict of index statistics. This runs the two stages as
             separate calls (build_index, fp_index_density, sparse_attention) and reads the
             index back (a host synchronization on CUDA).
-        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see
+        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out, tuning: see
             help(flashprefill.api).
 
     Returns:
@@ -158,7 +161,8 @@ def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_to
     config = SelectConfig(block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles,
                           bool(mean_correction))
     problem = build_problem(q, k, v, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale))
+                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale),
+                            tuning)
     if not return_stats:
         c_config = config.to_c()
         outputs = _Outputs(problem, out, return_lse)
@@ -181,7 +185,7 @@ def prefill(q, k, v=None, softmax_scale=None, block_size=128, alpha=0.1, sink_to
 def dense_attention(q, k, v=None, softmax_scale=None, cu_seqlens_q=None, cu_seqlens_k=None,
                     return_lse=False, *, max_seqlen_q=None, max_seqlen_k=None,
                     validate_metadata=True, out=None, q_descale=None, k_descale=None,
-                    v_descale=None):
+                    v_descale=None, tuning=None):
     """Exact causal attention over every causal key (on the CPU accumulated in float64).
 
     Args:
@@ -191,14 +195,15 @@ def dense_attention(q, k, v=None, softmax_scale=None, cu_seqlens_q=None, cu_seql
             PagedKV as k with v left out.
         softmax_scale: None means 1 / sqrt(D).
         cu_seqlens_q, cu_seqlens_k: [B + 1] integer; None means one request.
-        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see
+        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out, tuning: see
             help(flashprefill.api).
 
     Returns:
         out [total_q, Hq, D] in q's dtype and place, or (out, lse [Hq, total_q] float32).
     """
     problem = build_problem(q, k, v, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale))
+                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale),
+                            tuning)
     outputs = _Outputs(problem, out, return_lse)
     workspace = _workspace(problem, "fp_dense_attention_workspace_size")
     with problem.guard():
@@ -275,7 +280,7 @@ def pool_kv(q, k, v=None, config=None, means=None, pooled_keys=None, cu_seqlens_
 def sparse_attention(q, k, v=None, index=None, softmax_scale=None, cu_seqlens_q=None,
                      cu_seqlens_k=None, return_lse=False, *, max_seqlen_q=None,
                      max_seqlen_k=None, validate_metadata=True, out=None, q_descale=None,
-                     k_descale=None, v_descale=None):
+                     k_descale=None, v_descale=None, tuning=None):
     """Attention stage: exact attention over the index's tiles plus, when index.config has
     mean_correction, one Eq. 6 surrogate key per unlisted fully visible block.
 
@@ -287,7 +292,7 @@ def sparse_attention(q, k, v=None, index=None, softmax_scale=None, cu_seqlens_q=
             the sizes index_sizes() reports), in q's place; required.
         softmax_scale: None means 1 / sqrt(D).
         cu_seqlens_q, cu_seqlens_k: [B + 1] integer; None means one request.
-        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out: see
+        return_lse, max_seqlen_q, max_seqlen_k, validate_metadata, out, tuning: see
             help(flashprefill.api).
 
     Returns:
@@ -296,7 +301,8 @@ def sparse_attention(q, k, v=None, index=None, softmax_scale=None, cu_seqlens_q=
     if not isinstance(index, Index):
         raise TypeError(f"index: expected a flashprefill.Index, got {type(index).__name__}")
     problem = build_problem(q, k, v, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale))
+                            max_seqlen_k, validate_metadata, (q_descale, k_descale, v_descale),
+                            tuning)
     return _sparse_attention(problem, index, out, return_lse).result()
 
 

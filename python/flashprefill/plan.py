@@ -30,6 +30,7 @@ import numpy as np
 
 from . import _arrays, _lib
 from ._index import SelectConfig, pool_buffers
+from ._problem import tuning_struct
 
 
 class _Like:
@@ -85,6 +86,9 @@ class Plan:
         validate_metadata: CUDA only: the first run() copies the metadata to the host and
             validates it (one host synchronization); later runs never synchronize. False: no
             run synchronizes, and the caller guarantees the metadata. The CPU always validates.
+        tuning: an AttentionTuning fixing the CUDA attention stage's split count, head section
+            or lead tiles for every run (workspace included); None leaves them to the library's
+            heuristic.
 
     Attention is causal and bottom-right aligned: a request's queries are its last L_q keys.
     """
@@ -92,7 +96,7 @@ class Plan:
     def __init__(self, num_heads_q, num_heads_kv, head_dim, dtype, device, cu_seqlens_q,
                  max_seqlen_q, max_seqlen_k, *, cu_seqlens_k=None, seqlens_k=None,
                  page_table=None, softmax_scale=None, config=None, dense=False,
-                 validate_metadata=True):
+                 validate_metadata=True, tuning=None):
         dtype, device = _place(dtype, device)
         like = _Like(dtype, device)
         self._like = like
@@ -114,6 +118,7 @@ class Plan:
                 raise ValueError(f"{name} must lie in [0, 2^31), got {value}")
 
         c = _lib.Problem()
+        c.tuning = tuning_struct(tuning)
         c.device = _lib.Device.CUDA if like.on_cuda else _lib.Device.CPU
         c.flags = _lib.FLAG_VALIDATE_DEVICE_METADATA if like.on_cuda and validate_metadata else 0
         c.dtype = _arrays.fp_dtype(like)

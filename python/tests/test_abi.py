@@ -12,7 +12,7 @@ from flashprefill import _lib
 
 # (struct, sizeof, {field: offset}); enums are C ints, pointers and int64 are 8-byte aligned.
 LAYOUTS = [
-    (_lib.Problem, 296, {
+    (_lib.Problem, 312, {
         "device": 0, "stream": 8, "flags": 16, "dtype": 20, "batch_size": 24, "num_heads_q": 28,
         "num_heads_kv": 32, "head_dim": 36, "softmax_scale": 40, "q": 48, "q_stride_token": 56,
         "q_stride_head": 64, "total_q": 72, "cu_seqlens_q": 80, "max_seqlen_q": 88,
@@ -23,7 +23,8 @@ LAYOUTS = [
         "kv_dtype": 216, "out_dtype": 220, "q_descale": 224, "k_descale": 232, "v_descale": 240,
         "q_descale_stride_batch": 248, "q_descale_stride_head": 256,
         "k_descale_stride_batch": 264, "k_descale_stride_head": 272,
-        "v_descale_stride_batch": 280, "v_descale_stride_head": 288}),
+        "v_descale_stride_batch": 280, "v_descale_stride_head": 288, "tuning": 296}),
+    (_lib.AttentionTuning, 12, {"num_splits": 0, "head_section": 4, "lead_tiles": 8}),
     (_lib.SelectConfig, 24, {
         "block_size": 0, "alpha": 4, "sink_tokens": 8, "window_tokens": 12,
         "dense_recent_tiles": 16, "mean_correction": 20}),

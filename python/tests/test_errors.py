@@ -202,3 +202,21 @@ def test_index_buffers_must_fit(qkv):
                                               index.k_mean, index.v_mean, index.config))
     missing_v_mean = fp.Index(index.cu, index.idx, index.k_mean, None, index.config)
     raises_library_error(INVALID, fp.sparse_attention, q, k, v, missing_v_mean)
+
+
+@pytest.mark.parametrize("tuning", [fp.AttentionTuning(num_splits=-1),
+                                    fp.AttentionTuning(num_splits=fp.MAX_SPLITS + 1),
+                                    fp.AttentionTuning(head_section=-1),
+                                    fp.AttentionTuning(head_section=3),  # Hkv = 2
+                                    fp.AttentionTuning(lead_tiles=-1)])
+def test_bad_tuning(qkv, tuning):
+    for call in (fp.prefill, fp.dense_attention):
+        error = raises_library_error(INVALID, call, *qkv, tuning=tuning)
+        assert "tuning." in error.message
+
+
+def test_tuning_must_be_an_attention_tuning(qkv):
+    with pytest.raises(TypeError, match="AttentionTuning"):
+        fp.prefill(*qkv, tuning={"num_splits": 1})
+    with pytest.raises(ValueError, match="num_splits"):
+        fp.dense_attention(*qkv, tuning=fp.AttentionTuning(num_splits=2**31))

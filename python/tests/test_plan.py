@@ -54,6 +54,25 @@ def test_contiguous_run_equals_functional(rng, dense):
         np.testing.assert_array_equal(lse, expected[1])
 
 
+def test_tuning_reaches_the_library_and_leaves_cpu_results_alone(rng):
+    q, k, v, cu_q, cu_k = contiguous_problem(rng)
+    common = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    expected = fp.prefill(q, k, v, alpha=0.3, sink_tokens=64, window_tokens=128, **common)
+    tuning = fp.AttentionTuning(num_splits=4, head_section=2, lead_tiles=1)
+    plan = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k,
+                   config=CONFIG, tuning=tuning)
+    np.testing.assert_array_equal(plan.run(q, k, v), expected)
+    np.testing.assert_array_equal(
+        fp.prefill(q, k, v, alpha=0.3, sink_tokens=64, window_tokens=128, tuning=tuning,
+                   **common), expected)
+    np.testing.assert_array_equal(fp.dense_attention(q, k, v, tuning=tuning, **common),
+                                  fp.dense_attention(q, k, v, **common))
+    bad = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k,
+                  tuning=fp.AttentionTuning(head_section=3))
+    with pytest.raises(fp.FlashPrefillError, match="tuning.head_section"):
+        bad.run(q, k, v)
+
+
 def test_layers_share_one_plan(rng):
     q, k, v, cu_q, cu_k = contiguous_problem(rng)
     plan = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k, config=CONFIG)

@@ -154,6 +154,22 @@ int64_t key_bound(const fp_problem& p) {
   return std::max<int64_t>(0, std::min<int64_t>(p.max_seqlen_k, held));
 }
 
+// fp_attention_tuning: each field 0 (the heuristic) or a value in its range.
+fp_status validate_tuning(const fp_problem& p) {
+  const fp_attention_tuning& t = p.tuning;
+  if (t.num_splits < 0 || t.num_splits > FP_MAX_SPLITS)
+    return invalid(format("tuning.num_splits must lie in [0, %d] (0: the heuristic), got %d",
+                          FP_MAX_SPLITS, t.num_splits));
+  if (t.head_section < 0 || t.head_section > p.num_heads_kv)
+    return invalid(format("tuning.head_section must lie in [0, num_heads_kv = %d] (0: the "
+                          "heuristic), got %d",
+                          p.num_heads_kv, t.head_section));
+  if (t.lead_tiles < 0)
+    return invalid(format("tuning.lead_tiles must be >= 0 (0: the heuristic), got %d",
+                          t.lead_tiles));
+  return FP_OK;
+}
+
 }  // namespace
 
 fp_problem clamp_bounds(const fp_problem& problem, bool keys) {
@@ -224,6 +240,7 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
   if (p.head_dim < 1 || p.head_dim > 512)
     return invalid(format("head_dim %d is outside [1, 512]", p.head_dim));
   if (fp_status s = validate_fp8_fields(p, &info->fp8); s != FP_OK) return s;
+  if (fp_status s = validate_tuning(p); s != FP_OK) return s;
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.f)
     return invalid(format("softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got %g",
                           double(p.softmax_scale)));

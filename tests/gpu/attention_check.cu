@@ -385,14 +385,13 @@ Result run_cpu(const Inputs& in, const fp_select_config* config, HostIndex* ix, 
   return widen(bits, lse, in.g.dtype);
 }
 
-// The same call on the GPU with poisoned output and LSE. out_pad > 0 spaces the output's heads
-// out_pad elements apart (rows no longer 16-byte aligned: the epilogue's element-pair stores).
-Result run_gpu(const Inputs& in, DeviceInputs& dev, const fp_select_config* config,
-               HostIndex* ix, int splits, int out_pad = 0) {
-  if (splits > 0)
-    setenv("FLASHPREFILL_ATTENTION_SPLITS", std::to_string(splits).c_str(), 1);
-  else
-    unsetenv("FLASHPREFILL_ATTENTION_SPLITS");
+// The same call on the GPU with poisoned output and LSE, under `tuning` (zero: the heuristics).
+// out_pad > 0 spaces the output's heads out_pad elements apart (rows no longer 16-byte aligned:
+// the epilogue's element-pair stores).
+Result run_gpu(const Inputs& in, const DeviceInputs& dev, const fp_select_config* config,
+               HostIndex* ix, fp_attention_tuning tuning, int out_pad = 0) {
+  fp_problem p = dev.p;
+  p.tuning = tuning;
   const size_t n = size_t(in.total_q) * in.g.heads_q * in.g.head_dim;
   const int64_t head_stride = in.g.head_dim + out_pad;
   const size_t stored = size_t(in.total_q) * in.g.heads_q * size_t(head_stride);
@@ -409,23 +408,22 @@ Result run_gpu(const Inputs& in, DeviceInputs& dev, const fp_select_config* conf
   DeviceBuffer<int32_t> cu, idx;
   DeviceBuffer<float> km, vm;
   if (ix) {
-    FP_OK_OR_DIE(fp_sparse_attention_workspace_size(&dev.p, config, &ws));
+    FP_OK_OR_DIE(fp_sparse_attention_workspace_size(&p, config, &ws));
     cu.upload(ix->cu);
     idx.upload(ix->idx);
     km.upload(ix->k_mean);
     vm.upload(ix->v_mean);
   } else {
-    FP_OK_OR_DIE(fp_dense_attention_workspace_size(&dev.p, &ws));
+    FP_OK_OR_DIE(fp_dense_attention_workspace_size(&p, &ws));
   }
   DeviceBuffer<char> workspace(ws);
   if (ix) {
     fp_index view{cu.ptr, idx.ptr, km.ptr, vm.ptr, int64_t(ix->idx.size())};
-    FP_OK_OR_DIE(fp_sparse_attention(&dev.p, config, &view, &o, workspace.ptr, ws));
+    FP_OK_OR_DIE(fp_sparse_attention(&p, config, &view, &o, workspace.ptr, ws));
   } else {
-    FP_OK_OR_DIE(fp_dense_attention(&dev.p, &o, workspace.ptr, ws));
+    FP_OK_OR_DIE(fp_dense_attention(&p, &o, workspace.ptr, ws));
   }
   CUDA_OK(cudaDeviceSynchronize());
-  unsetenv("FLASHPREFILL_ATTENTION_SPLITS");
   std::vector<uint16_t> padded = out.download();
   std::vector<float> l = lse.download();
   std::vector<uint16_t> bits(n);
@@ -560,22 +558,25 @@ void check_geometry(const Geometry& g, const std::vector<Paging>& pagings, bool 
                           std::to_string(g.head_dim) + " g" + std::to_string(g.heads_q / g.heads_kv);
 
   // Exact attention: dense mode vs the CPU (float64 accumulation) and float32 attention.
-  const Result gpu_dense = run_gpu(in, dev, nullptr, nullptr, 0);
+  const fp_attention_tuning heuristic{};
+  const Result gpu_dense = run_gpu(in, dev, nullptr, nullptr, heuristic);
   if (g.cpu_dense) {
     compare(tag + " dense vs cpu", gpu_dense, run_cpu(in, nullptr, nullptr, false));
     compare(tag + " dense vs float32", gpu_dense, run_cpu(in, nullptr, nullptr, true));
   } else {
     compare(tag + " dense vs gpu float32", gpu_dense, run_gpu_float_reference(in, dev));
   }
-  compare(tag + " dense split 3 vs 1", run_gpu(in, dev, nullptr, nullptr, 3), gpu_dense);
-  compare(tag + " dense, heads 2 elements apart", run_gpu(in, dev, nullptr, nullptr, 0, 2),
+  compare(tag + " dense split 3 vs 1", run_gpu(in, dev, nullptr, nullptr, {3, 0, 0}), gpu_dense);
+  compare(tag + " dense, head sections of 1, 1 lead tile",
+          run_gpu(in, dev, nullptr, nullptr, {0, 1, 1}), gpu_dense);
+  compare(tag + " dense, heads 2 elements apart", run_gpu(in, dev, nullptr, nullptr, heuristic, 2),
           gpu_dense);
 
   // alpha = 0 selects everything: sparse mode equals exact attention.
   if (full) {
     fp_select_config c0 = config_with(0.0, false, g.block_size);
     HostIndex all = build_cpu_index(in, c0);
-    compare(tag + " alpha=0 sparse vs dense", run_gpu(in, dev, &c0, &all, 0), gpu_dense);
+    compare(tag + " alpha=0 sparse vs dense", run_gpu(in, dev, &c0, &all, heuristic), gpu_dense);
   }
 
   // Structured index with and without mean correction, random index, splits.
@@ -585,24 +586,24 @@ void check_geometry(const Geometry& g, const std::vector<Paging>& pagings, bool 
     HostIndex ix;
     if (full) {
       ix = build_cpu_index(in, c);
-      compare(tag + " alpha=0.1" + ct, run_gpu(in, dev, &c, &ix, 0), run_cpu(in, &c, &ix, false));
+      compare(tag + " alpha=0.1" + ct, run_gpu(in, dev, &c, &ix, heuristic), run_cpu(in, &c, &ix, false));
     } else {
       ix = build_cpu_index(in, config_with(1.0, correction, g.block_size));
     }
     HostIndex rnd = ix;
     randomize_csr(in, rnd, full ? 0.3 : 0.05);
     const Result cpu_rnd = run_cpu(in, &c, &rnd, false);
-    const Result gpu_rnd = run_gpu(in, dev, &c, &rnd, 0);
+    const Result gpu_rnd = run_gpu(in, dev, &c, &rnd, heuristic);
     compare(tag + " random index" + ct, gpu_rnd, cpu_rnd);
-    compare(tag + " random index" + ct + " split 4", run_gpu(in, dev, &c, &rnd, 4), cpu_rnd);
+    compare(tag + " random index" + ct + " split 4", run_gpu(in, dev, &c, &rnd, {4, 0, 0}), cpu_rnd);
     for (const Paging& paging : pagings) {
       DeviceInputs paged;
       make_device(in, paging, paged);
       const std::string pt = paging.name();
-      compare(tag + " random index" + ct + " paged " + pt, run_gpu(in, paged, &c, &rnd, 0),
+      compare(tag + " random index" + ct + " paged " + pt, run_gpu(in, paged, &c, &rnd, heuristic),
               cpu_rnd);
       if (!correction)
-        compare(tag + " dense paged " + pt, run_gpu(in, paged, nullptr, nullptr, 0), gpu_dense);
+        compare(tag + " dense paged " + pt, run_gpu(in, paged, nullptr, nullptr, heuristic), gpu_dense);
     }
   }
 }

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include <cutlass/numeric_types.h>
@@ -50,15 +49,7 @@ int l2_bytes() {
   return bytes;
 }
 
-// FLASHPREFILL_ATTENTION_SPLITS=n overrides the heuristic (checks and benchmarks compare
-// split and unsplit runs); it is read at each call, for the workspace query and the launch alike.
-int32_t num_splits(const ProblemInfo& info) {
-  if (const char* forced = std::getenv("FLASHPREFILL_ATTENTION_SPLITS")) {
-    const int n = std::atoi(forced);
-    if (n >= 1) return n < attention::kMaxSplits ? n : attention::kMaxSplits;
-  }
-  return attention::choose_splits(info, sm_count());
-}
+int32_t num_splits(const ProblemInfo& info) { return attention::tuned_splits(info, sm_count()); }
 
 struct PartialBytes {
   size_t o = 0, lse = 0;
@@ -341,17 +332,8 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
                                       "KV heads x splits); this problem has up to " +
                                           std::to_string(items));
   a.ctas = int32_t(std::min<int64_t>(items, sm_count()));
-  a.head_section = attention::choose_head_section(info, l2_bytes());
-  a.lead_tiles = attention::choose_lead_tiles(a.ctas, a.heads_kv, a.num_splits);
-  // FLASHPREFILL_ATTENTION_HEAD_SECTION=n (n >= 1) and FLASHPREFILL_ATTENTION_LEAD_TILES=n
-  // (n >= 0) override them (benchmarks compare orders).
-  if (const char* forced = std::getenv("FLASHPREFILL_ATTENTION_HEAD_SECTION")) {
-    const int n = std::atoi(forced);
-    if (n > 0) a.head_section = std::min(n, a.heads_kv);
-  }
-  if (const char* forced = std::getenv("FLASHPREFILL_ATTENTION_LEAD_TILES")) {
-    if (forced[0] >= '0' && forced[0] <= '9') a.lead_tiles = std::atoi(forced);
-  }
+  a.head_section = attention::tuned_head_section(info, l2_bytes());
+  a.lead_tiles = attention::tuned_lead_tiles(info, a.ctas, a.num_splits);
   const PartialBytes bytes = partial_bytes(info, a.num_splits);
   char* const sched = static_cast<char*>(workspace);
   int32_t* const pair_rows =

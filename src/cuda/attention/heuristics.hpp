@@ -2,7 +2,8 @@
 // pools TMA reads, and in boxes of how many rows. How many ways to split each query tile's KV
 // iterations (Eq. 18), so that the workspace size never depends on device data: split only when
 // the query tiles cannot fill the GPU (short-query batches, chunked prefill) and every split
-// keeps enough KV tiles.
+// keeps enough KV tiles. The work order's head sections and lead tiles. The problem's
+// fp_attention_tuning overrides the last three (the tuned_* functions at the end).
 #pragma once
 
 #include <algorithm>
@@ -73,7 +74,7 @@ inline bool paged_rows_fit_32_bits(const fp_problem& p) {
   return true;
 }
 
-inline constexpr int kMaxSplits = 16;
+inline constexpr int kMaxSplits = FP_MAX_SPLITS;
 inline constexpr int kMinTilesPerSplit = 8;
 inline constexpr int64_t kMaxPartialBytes = int64_t(1) << 30;
 // The split model below: an item's own cost (its first and last stages' unoverlapped work, the
@@ -139,6 +140,24 @@ inline int32_t choose_head_section(const ProblemInfo& info, int64_t l2_bytes) {
 inline int32_t choose_lead_tiles(int32_t ctas, int32_t heads_kv, int32_t splits) {
   const int64_t per_tile = std::max<int64_t>(int64_t(heads_kv) * splits, 1);
   return int32_t(ceil_div(int64_t(std::max(ctas, 1)), per_tile));
+}
+
+// The values a call uses: the problem's fp_attention_tuning where a field is set (validated by
+// core/problem.cpp: within its range), else the heuristic. The workspace query and the launch
+// both call these, so they see the same split count.
+inline int32_t tuned_splits(const ProblemInfo& info, int num_sms) {
+  const int32_t forced = info.p->tuning.num_splits;
+  return forced > 0 ? forced : choose_splits(info, num_sms);
+}
+
+inline int32_t tuned_head_section(const ProblemInfo& info, int64_t l2_bytes) {
+  const int32_t forced = info.p->tuning.head_section;
+  return forced > 0 ? forced : choose_head_section(info, l2_bytes);
+}
+
+inline int32_t tuned_lead_tiles(const ProblemInfo& info, int32_t ctas, int32_t splits) {
+  const int32_t forced = info.p->tuning.lead_tiles;
+  return forced > 0 ? forced : choose_lead_tiles(ctas, info.p->num_heads_kv, splits);
 }
 
 }  // namespace flashprefill::cuda::attention
