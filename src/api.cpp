@@ -1,4 +1,5 @@
-// The C ABI: validation, workspace accounting and dispatch to the CPU reference or CUDA backend.
+// The C ABI: each entry point validates its inputs (core/problem.hpp), picks the backend of its
+// problem's device once (backend.hpp), accounts for the workspace and runs the stages.
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -10,6 +11,7 @@
 #include "core/problem.hpp"
 #include "core/query_ranges.hpp"
 #include "core/workload.hpp"
+#include "backend.hpp"
 #include "cuda/backend.hpp"
 #include "flashprefill/flashprefill.h"
 #include "reference/reference.hpp"
@@ -38,20 +40,40 @@ fp_status guarded(Fn&& fn) {
     if (fp_status _s = (expr); _s != FP_OK) return _s; \
   } while (0)
 
-// Validates the problem (and the selection config, and that the index sizes fit) before running
-// `fn(info, config)`. With `internal_means` the key bound is clamped too (clamp_bounds): for
-// the calls that keep the block means in their own workspace.
+// How an entry point views its problem: as given; with the key bound clamped too (clamp_bounds),
+// for the calls that keep the block means in their own workspace; or with the lengths copied to
+// the host whatever the flags say, for the calls that read them there.
+enum class View { kAsGiven, kInternalMeans, kHostLengths };
+
+// Validates the problem (and the selection config, and that the index sizes fit), picks the
+// backend of its device, and runs `fn(info, config, backend)`.
 template <typename Fn>
 fp_status with_problem(const fp_problem* problem, const fp_select_config* config, Fn&& fn,
-                       bool internal_means = false) {
+                       View view = View::kAsGiven) {
   return guarded([&] {
-    if (problem == nullptr) return fail(FP_ERROR_INVALID_ARGUMENT, "problem is NULL");
-    const fp_problem clamped = clamp_bounds(*problem, internal_means);
+    FP_TRY(require(problem, "problem"));
+    fp_problem seen = clamp_bounds(*problem, view == View::kInternalMeans);
+    if (view == View::kHostLengths) seen.flags |= FP_FLAG_VALIDATE_DEVICE_METADATA;
     ProblemInfo info;
-    FP_TRY(validate_problem(&clamped, &info));
+    FP_TRY(validate_problem(&seen, &info));
     FP_TRY(validate_config(config, true));
     FP_TRY(check_index_sizes(info, *config));
-    return fn(info, *config);
+    return fn(info, *config, backend_for(info));
+  });
+}
+
+// with_problem for the dense calls, which take no selection config (the attention stage reads
+// none of it in dense mode).
+template <typename Fn>
+fp_status with_dense_problem(const fp_problem* problem, Fn&& fn) {
+  return guarded([&] {
+    FP_TRY(require(problem, "problem"));
+    const fp_problem clamped = clamp_bounds(*problem, true);
+    ProblemInfo info;
+    FP_TRY(validate_problem(&clamped, &info));
+    fp_select_config c;
+    fp_select_config_default(&c);
+    return fn(info, c, backend_for(info));
   });
 }
 
@@ -63,35 +85,8 @@ fp_status checked_bytes(Size bytes, const char* what, size_t* out) {
   return FP_OK;
 }
 
-fp_status check_workspace(const ProblemInfo& info, size_t need, const void* workspace,
-                          size_t bytes) {
-  const size_t align = info.p->device == FP_DEVICE_CUDA ? kAlign : 16;
-  if (reinterpret_cast<uintptr_t>(workspace) % align != 0)
-    return fail(FP_ERROR_INVALID_ARGUMENT,
-                "workspace must be " + std::to_string(align) + "-byte aligned");
-  if (bytes < need)
-    return fail(FP_ERROR_WORKSPACE_TOO_SMALL, "workspace has " + std::to_string(bytes) +
-                                                  " bytes but the call needs " +
-                                                  std::to_string(need));
-  if (need > 0 && workspace == nullptr) return fail(FP_ERROR_INVALID_ARGUMENT, "workspace is NULL");
-  return FP_OK;
-}
-
-fp_status check_out_ptr(const void* p, const char* name) {
-  return p ? FP_OK : fail(FP_ERROR_INVALID_ARGUMENT, std::string(name) + " is NULL");
-}
-
-// The backends' workspace sizes; SIZE_MAX (backend.hpp) reads as an overflowed Size.
+// The CUDA prefill stage's size: SIZE_MAX (cuda/backend.hpp) reads as an overflowed Size.
 Size backend_bytes(size_t bytes) { return Size(bytes == SIZE_MAX ? -1 : int64_t(bytes)); }
-
-Size index_ws(const ProblemInfo& info, const fp_select_config& c) {
-  return info.p->device == FP_DEVICE_CUDA ? backend_bytes(cuda::build_index_workspace(info, c)) : 0;
-}
-
-Size attention_ws(const ProblemInfo& info, const fp_select_config& c, bool sparse) {
-  return info.p->device == FP_DEVICE_CUDA ? backend_bytes(cuda::attention_workspace(info, c, sparse))
-                                          : 0;
-}
 
 Size aligned_ints(Size count) { return (count * Size(sizeof(int32_t))).align_up(kAlign); }
 
@@ -183,53 +178,26 @@ fp_status prefill_workspace(const ProblemInfo& info, const fp_select_config& c, 
   return checked_bytes(storage->workspace(), "prefill workspace", bytes);
 }
 
-fp_status build_index_impl(const ProblemInfo& info, const fp_select_config& c, const fp_index& index,
-                           void* ws, size_t bytes) {
+fp_status build_index_impl(const ProblemInfo& info, const fp_select_config& c,
+                           const Backend& backend, const fp_index& index, void* ws,
+                           size_t bytes) {
   FP_TRY(validate_index_buffers(info, c, &index, false));
   size_t need = 0;
-  FP_TRY(checked_bytes(index_ws(info, c), "index workspace", &need));
-  FP_TRY(check_workspace(info, need, ws, bytes));
-  if (info.p->device == FP_DEVICE_CUDA) return cuda::build_index(info, c, index, ws, bytes);
-  if ((info.p->flags & FP_FLAG_MEANS_POOLED) == 0)
-    ref::pool(info, c, index.k_mean, c.mean_correction ? index.v_mean : nullptr);
-  ref::score_and_select(info, c, index);
-  return FP_OK;
-}
-
-// A caller's index checked against the CSR rules, cu entirely before any idx entry is read; on
-// CUDA only under FP_FLAG_VALIDATE_DEVICE_METADATA (copied to the host), as for the metadata.
-fp_status validate_given_index(const ProblemInfo& info, const fp_index& index) {
-  const fp_problem& p = *info.p;
-  if (p.device == FP_DEVICE_CPU) {
-    FP_TRY(ref::validate_index_offsets(info, index.cu, index.idx_capacity));
-    if (index.cu[ref::num_segments(info)] > 0 && index.idx == nullptr)
-      return fail(FP_ERROR_INVALID_ARGUMENT, "index->idx is NULL");
-    return ref::validate_index_tiles(info, index.cu, index.idx);
-  }
-  if (!info.has_host_metadata) return FP_OK;
-  std::vector<int32_t> cu(size_t(ref::num_segments(info)) + 1);
-  FP_TRY(cuda::copy_to_host(cu.data(), index.cu, cu.size() * sizeof(int32_t), p.stream));
-  FP_TRY(ref::validate_index_offsets(info, cu.data(), index.idx_capacity));
-  if (cu.back() > 0 && index.idx == nullptr) return fail(FP_ERROR_INVALID_ARGUMENT, "index->idx is NULL");
-  std::vector<int32_t> idx(size_t(cu.back()));
-  if (!idx.empty())
-    FP_TRY(cuda::copy_to_host(idx.data(), index.idx, idx.size() * sizeof(int32_t), p.stream));
-  return ref::validate_index_tiles(info, cu.data(), idx.data());
+  FP_TRY(checked_bytes(backend.index_workspace(info, c), "index workspace", &need));
+  FP_TRY(validate_workspace(info, need, ws, bytes));
+  return backend.build_index(info, c, index, ws, bytes);
 }
 
 // The caller's index, validated before it is read.
 fp_status sparse_attention_impl(const ProblemInfo& info, const fp_select_config& c,
-                                const fp_index& index, const fp_output& out, void* ws,
-                                size_t bytes) {
-  FP_TRY(validate_index_buffers(info, c, &index, true));
-  FP_TRY(validate_output(info, &out));
+                                const Backend& backend, const fp_index& index,
+                                const fp_output& out, void* ws, size_t bytes) {
+  FP_TRY(validate_attention(info, &c, &index, &out));
   size_t need = 0;
-  FP_TRY(checked_bytes(attention_ws(info, c, true), "attention workspace", &need));
-  FP_TRY(check_workspace(info, need, ws, bytes));
+  FP_TRY(checked_bytes(backend.attention_workspace(info, c, true), "attention workspace", &need));
+  FP_TRY(validate_workspace(info, need, ws, bytes));
   FP_TRY(validate_given_index(info, index));
-  if (info.p->device == FP_DEVICE_CUDA) return cuda::sparse_attention(info, c, index, out, ws, bytes);
-  ref::sparse_attention(info, c, index, out);
-  return FP_OK;
+  return backend.sparse_attention(info, c, index, out, ws, bytes);
 }
 
 // fp_prefill on the CPU: pool once, then select and attend the segments in ranges whose largest
@@ -290,8 +258,9 @@ void fp_select_config_default(fp_select_config* config) {
 
 fp_status fp_index_sizes_query(const fp_problem* problem, const fp_select_config* config,
                                fp_index_sizes* sizes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
-    FP_TRY(check_out_ptr(sizes, "sizes"));
+  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
+                                           const Backend&) {
+    FP_TRY(require(sizes, "sizes"));
     *sizes = index_sizes(info, c);
     return FP_OK;
   });
@@ -299,59 +268,50 @@ fp_status fp_index_sizes_query(const fp_problem* problem, const fp_select_config
 
 fp_status fp_build_index_workspace_size(const fp_problem* problem, const fp_select_config* config,
                                         size_t* bytes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
-    FP_TRY(check_out_ptr(bytes, "bytes"));
-    return checked_bytes(index_ws(info, c), "index workspace", bytes);
+  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
+                                           const Backend& backend) {
+    FP_TRY(require(bytes, "bytes"));
+    return checked_bytes(backend.index_workspace(info, c), "index workspace", bytes);
   });
 }
 
 fp_status fp_build_index(const fp_problem* problem, const fp_select_config* config,
                          const fp_index* index, void* workspace, size_t workspace_bytes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
-    FP_TRY(check_out_ptr(index, "index"));
-    return build_index_impl(info, c, *index, workspace, workspace_bytes);
+  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
+                                           const Backend& backend) {
+    FP_TRY(require(index, "index"));
+    return build_index_impl(info, c, backend, *index, workspace, workspace_bytes);
   });
 }
 
 fp_status fp_pool_kv(const fp_problem* problem, const fp_select_config* config, float* k_mean,
                      float* v_mean, const int32_t* pooled_keys) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
-    if (k_mean == nullptr) return fail(FP_ERROR_INVALID_ARGUMENT, "k_mean is NULL");
-    const fp_problem& p = *info.p;
-    if (pooled_keys != nullptr && info.has_host_metadata) {
-      std::vector<int32_t> host(p.batch_size);
-      if (p.device == FP_DEVICE_CUDA) {
-        FP_TRY(cuda::copy_to_host(host.data(), pooled_keys, host.size() * sizeof(int32_t), p.stream));
-      } else {
-        std::copy(pooled_keys, pooled_keys + p.batch_size, host.begin());
-      }
-      for (int32_t b = 0; b < p.batch_size; ++b)
-        if (host[b] < 0 || host[b] > info.len_kv[b])
-          return fail(FP_ERROR_INVALID_ARGUMENT,
-                      "pooled_keys[" + std::to_string(b) + "] = " + std::to_string(host[b]) +
-                          " is outside [0, " + std::to_string(info.len_kv[b]) + "]");
-    }
-    if (p.device == FP_DEVICE_CUDA) return cuda::pool_kv(info, c, k_mean, v_mean, pooled_keys);
-    ref::pool(info, c, k_mean, v_mean, pooled_keys);
-    return FP_OK;
+  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
+                                           const Backend& backend) {
+    FP_TRY(require(k_mean, "k_mean"));
+    FP_TRY(validate_pooled_keys(info, pooled_keys));
+    return backend.pool_kv(info, c, k_mean, v_mean, pooled_keys);
   });
 }
 
 fp_status fp_sparse_attention_workspace_size(const fp_problem* problem,
                                              const fp_select_config* config, size_t* bytes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
-    FP_TRY(check_out_ptr(bytes, "bytes"));
-    return checked_bytes(attention_ws(info, c, true), "attention workspace", bytes);
+  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
+                                           const Backend& backend) {
+    FP_TRY(require(bytes, "bytes"));
+    return checked_bytes(backend.attention_workspace(info, c, true), "attention workspace",
+                         bytes);
   });
 }
 
 fp_status fp_sparse_attention(const fp_problem* problem, const fp_select_config* config,
                               const fp_index* index, const fp_output* output, void* workspace,
                               size_t workspace_bytes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c) {
-    FP_TRY(check_out_ptr(index, "index"));
-    FP_TRY(check_out_ptr(output, "output"));
-    return sparse_attention_impl(info, c, *index, *output, workspace, workspace_bytes);
+  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
+                                           const Backend& backend) {
+    FP_TRY(require(index, "index"));
+    FP_TRY(require(output, "output"));
+    return sparse_attention_impl(info, c, backend, *index, *output, workspace, workspace_bytes);
   });
 }
 
@@ -359,25 +319,25 @@ fp_status fp_prefill_workspace_size(const fp_problem* problem, const fp_select_c
                                     size_t* bytes) {
   return with_problem(
       problem, config,
-      [&](const ProblemInfo& info, const fp_select_config& c) {
-        FP_TRY(check_out_ptr(bytes, "bytes"));
+      [&](const ProblemInfo& info, const fp_select_config& c, const Backend&) {
+        FP_TRY(require(bytes, "bytes"));
         IndexStorage st;
         return prefill_workspace(info, c, false, bytes, &st);
       },
-      true);
+      View::kInternalMeans);
 }
 
 fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
                      const fp_output* output, void* workspace, size_t workspace_bytes) {
   return with_problem(
       problem, config,
-      [&](const ProblemInfo& info, const fp_select_config& c) {
-        FP_TRY(check_out_ptr(output, "output"));
-        FP_TRY(validate_output(info, output));
+      [&](const ProblemInfo& info, const fp_select_config& c, const Backend&) {
+        FP_TRY(require(output, "output"));
+        FP_TRY(validate_attention(info, nullptr, nullptr, output));
         size_t need = 0;
         IndexStorage st;
         FP_TRY(prefill_workspace(info, c, true, &need, &st));
-        FP_TRY(check_workspace(info, need, workspace, workspace_bytes));
+        FP_TRY(validate_workspace(info, need, workspace, workspace_bytes));
         if (info.p->device == FP_DEVICE_CUDA) st = widest_cuda_storage(info, c, workspace_bytes);
         char* base = static_cast<char*>(workspace);
         const size_t cu = size_t(st.cu.value()), mean = size_t(st.mean.value());
@@ -397,68 +357,48 @@ fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
         return cuda::prefill(info, c, index, int32_t(st.range_tiles), *output, stage,
                              workspace_bytes - size_t(st.total().value()));
       },
-      true);
+      View::kInternalMeans);
 }
 
 fp_status fp_dense_attention_workspace_size(const fp_problem* problem, size_t* bytes) {
-  return guarded([&] {
-    FP_TRY(check_out_ptr(problem, "problem"));
-    const fp_problem clamped = clamp_bounds(*problem, true);
-    ProblemInfo info;
-    FP_TRY(validate_problem(&clamped, &info));
-    FP_TRY(check_out_ptr(bytes, "bytes"));
-    fp_select_config c;
-    fp_select_config_default(&c);
-    return checked_bytes(attention_ws(info, c, false), "attention workspace", bytes);
+  return with_dense_problem(problem, [&](const ProblemInfo& info, const fp_select_config& c,
+                                         const Backend& backend) {
+    FP_TRY(require(bytes, "bytes"));
+    return checked_bytes(backend.attention_workspace(info, c, false), "attention workspace",
+                         bytes);
   });
 }
 
 fp_status fp_dense_attention(const fp_problem* problem, const fp_output* output, void* workspace,
                              size_t workspace_bytes) {
-  return guarded([&] {
-    FP_TRY(check_out_ptr(problem, "problem"));
-    const fp_problem clamped = clamp_bounds(*problem, true);
-    ProblemInfo info;
-    FP_TRY(validate_problem(&clamped, &info));
-    FP_TRY(check_out_ptr(output, "output"));
-    FP_TRY(validate_output(info, output));
-    fp_select_config c;
-    fp_select_config_default(&c);
+  return with_dense_problem(problem, [&](const ProblemInfo& info, const fp_select_config& c,
+                                         const Backend& backend) {
+    FP_TRY(require(output, "output"));
+    FP_TRY(validate_attention(info, nullptr, nullptr, output));
     size_t need = 0;
-    FP_TRY(checked_bytes(attention_ws(info, c, false), "attention workspace", &need));
-    FP_TRY(check_workspace(info, need, workspace, workspace_bytes));
-    if (info.p->device == FP_DEVICE_CUDA)
-      return cuda::dense_attention(info, *output, workspace, workspace_bytes);
-    ref::dense_attention(info, *output);
-    return FP_OK;
+    FP_TRY(checked_bytes(backend.attention_workspace(info, c, false), "attention workspace",
+                         &need));
+    FP_TRY(validate_workspace(info, need, workspace, workspace_bytes));
+    return backend.dense_attention(info, *output, workspace, workspace_bytes);
   });
 }
 
 fp_status fp_index_density(const fp_problem* problem, const fp_select_config* config,
                            const fp_index* index, double* density) {
-  return guarded([&] {
-    FP_TRY(check_out_ptr(problem, "problem"));
-    fp_problem host_view = clamp_bounds(*problem, false);
-    host_view.flags |= FP_FLAG_VALIDATE_DEVICE_METADATA;  // lengths are needed on the host
-    ProblemInfo info;
-    FP_TRY(validate_problem(&host_view, &info));
-    FP_TRY(validate_config(config, true));
-    FP_TRY(check_index_sizes(info, *config));
-    FP_TRY(check_out_ptr(index, "index"));
-    FP_TRY(check_out_ptr(index->cu, "index->cu"));
-    FP_TRY(check_out_ptr(density, "density"));
-    std::vector<int32_t> cu(size_t(ref::num_segments(info)) + 1);
-    if (problem->device == FP_DEVICE_CUDA) {
-      FP_TRY(cuda::copy_to_host(cu.data(), index->cu, cu.size() * sizeof(int32_t), problem->stream));
-    } else {
-      std::copy(index->cu, index->cu + cu.size(), cu.begin());
-    }
-    FP_TRY(validate_given_index(info, *index));
-    fp_index view = *index;
-    view.cu = cu.data();
-    *density = ref::index_density(info, view);
-    return FP_OK;
-  });
+  return with_problem(
+      problem, config,
+      [&](const ProblemInfo& info, const fp_select_config&, const Backend&) {
+        FP_TRY(require(index, "index"));
+        FP_TRY(require(index->cu, "index->cu"));
+        FP_TRY(require(density, "density"));
+        std::vector<int32_t> cu;
+        FP_TRY(validate_given_index(info, *index, &cu));
+        fp_index view = *index;
+        view.cu = cu.data();
+        *density = ref::index_density(info, view);
+        return FP_OK;
+      },
+      View::kHostLengths);
 }
 
 fp_status fp_demo_workload(int32_t seqlen, int32_t num_heads_q, int32_t num_heads_kv,

@@ -8,6 +8,7 @@
 
 #include "core/checked.hpp"
 #include "cuda/backend.hpp"
+#include "reference/reference.hpp"
 
 namespace flashprefill {
 namespace {
@@ -83,35 +84,24 @@ fp_status check_cu_seqlens(const char* name, const std::vector<int32_t>& cu, int
   return FP_OK;
 }
 
-// Copies `count` int32 from the problem's device into `out`.
-fp_status fetch(const fp_problem& p, const int32_t* src, size_t count, std::vector<int32_t>& out) {
-  out.resize(count);
-  if (count == 0) return FP_OK;
-  if (p.device == FP_DEVICE_CPU) {
-    std::memcpy(out.data(), src, count * sizeof(int32_t));
-    return FP_OK;
-  }
-  return cuda::copy_to_host(out.data(), src, count * sizeof(int32_t), p.stream);
-}
-
 fp_status load_metadata(const fp_problem& p, ProblemInfo* info) {
   const int32_t B = p.batch_size;
   const size_t entries = size_t(B) + 1;  // cu_seqlens_*: [B + 1]
-  if (fp_status s = fetch(p, p.cu_seqlens_q, entries, info->cu_q); s != FP_OK) return s;
+  if (fp_status s = host_copy(p, p.cu_seqlens_q, entries, info->cu_q); s != FP_OK) return s;
   if (fp_status s = check_cu_seqlens("cu_seqlens_q", info->cu_q, p.total_q); s != FP_OK) return s;
   info->len_kv.assign(B, 0);
   info->kv_row0.assign(B, 0);
   if (p.kv_layout == FP_KV_CONTIGUOUS) {
     std::vector<int32_t> cu_k;
-    if (fp_status s = fetch(p, p.cu_seqlens_k, entries, cu_k); s != FP_OK) return s;
+    if (fp_status s = host_copy(p, p.cu_seqlens_k, entries, cu_k); s != FP_OK) return s;
     if (fp_status s = check_cu_seqlens("cu_seqlens_k", cu_k, p.total_k); s != FP_OK) return s;
     for (int32_t b = 0; b < B; ++b) {
       info->len_kv[b] = cu_k[b + 1] - cu_k[b];
       info->kv_row0[b] = cu_k[b];
     }
   } else {
-    if (fp_status s = fetch(p, p.seqlens_k, B, info->len_kv); s != FP_OK) return s;
-    if (fp_status s = fetch(p, p.page_table, size_t(B) * p.max_pages_per_seq, info->page_table);
+    if (fp_status s = host_copy(p, p.seqlens_k, B, info->len_kv); s != FP_OK) return s;
+    if (fp_status s = host_copy(p, p.page_table, size_t(B) * p.max_pages_per_seq, info->page_table);
         s != FP_OK)
       return s;
     for (int32_t b = 0; b < B; ++b) {
@@ -171,6 +161,17 @@ fp_status validate_tuning(const fp_problem& p) {
 }
 
 }  // namespace
+
+fp_status host_copy(const fp_problem& p, const int32_t* src, size_t count,
+                    std::vector<int32_t>& out) {
+  out.resize(count);
+  if (count == 0) return FP_OK;
+  if (p.device == FP_DEVICE_CPU) {
+    std::memcpy(out.data(), src, count * sizeof(int32_t));
+    return FP_OK;
+  }
+  return cuda::copy_to_host(out.data(), src, count * sizeof(int32_t), p.stream);
+}
 
 fp_problem clamp_bounds(const fp_problem& problem, bool keys) {
   fp_problem p = problem;
@@ -420,6 +421,60 @@ fp_status validate_output(const ProblemInfo& info, const fp_output* output) {
   const fp_problem& p = *info.p;
   return check_rows("out", output->out, p.total_q, output->out_stride_token,
                     output->out_stride_head, p.num_heads_q, p.head_dim);
+}
+
+fp_status require(const void* ptr, const char* name) {
+  return ptr ? FP_OK : invalid(format("%s is NULL", name));
+}
+
+fp_status validate_attention(const ProblemInfo& info, const fp_select_config* config,
+                             const fp_index* index, const fp_output* output) {
+  if (index != nullptr)
+    if (fp_status s = validate_index_buffers(info, *config, index, true); s != FP_OK) return s;
+  if (fp_status s = validate_output(info, output); s != FP_OK) return s;
+  if (info.p->device != FP_DEVICE_CUDA) return FP_OK;
+  const bool means = index != nullptr && config->mean_correction;
+  return cuda::check_attention_support(info, *output, means ? index : nullptr);
+}
+
+fp_status validate_given_index(const ProblemInfo& info, const fp_index& index,
+                               std::vector<int32_t>* host_cu) {
+  if (!info.has_host_metadata) return FP_OK;
+  const fp_problem& p = *info.p;
+  std::vector<int32_t> cu, idx;
+  if (fp_status s = host_copy(p, index.cu, size_t(ref::num_segments(info)) + 1, cu); s != FP_OK)
+    return s;
+  if (fp_status s = ref::validate_index_offsets(info, cu.data(), index.idx_capacity); s != FP_OK)
+    return s;
+  if (cu.back() > 0 && index.idx == nullptr) return invalid("index->idx is NULL");
+  if (fp_status s = host_copy(p, index.idx, size_t(cu.back()), idx); s != FP_OK) return s;
+  if (fp_status s = ref::validate_index_tiles(info, cu.data(), idx.data()); s != FP_OK) return s;
+  if (host_cu != nullptr) *host_cu = std::move(cu);
+  return FP_OK;
+}
+
+fp_status validate_pooled_keys(const ProblemInfo& info, const int32_t* pooled_keys) {
+  if (pooled_keys == nullptr || !info.has_host_metadata) return FP_OK;
+  std::vector<int32_t> keys;
+  if (fp_status s = host_copy(*info.p, pooled_keys, size_t(info.p->batch_size), keys); s != FP_OK)
+    return s;
+  for (int32_t b = 0; b < info.p->batch_size; ++b)
+    if (keys[b] < 0 || keys[b] > info.len_kv[b])
+      return invalid(format("pooled_keys[%d] = %d is outside [0, %d]", b, keys[b],
+                            info.len_kv[b]));
+  return FP_OK;
+}
+
+fp_status validate_workspace(const ProblemInfo& info, size_t need, const void* workspace,
+                             size_t bytes) {
+  const size_t align = info.p->device == FP_DEVICE_CUDA ? 256 : 16;
+  if (reinterpret_cast<uintptr_t>(workspace) % align != 0)
+    return invalid(format("workspace must be %zu-byte aligned", align));
+  if (bytes < need)
+    return fail(FP_ERROR_WORKSPACE_TOO_SMALL,
+                format("workspace has %zu bytes but the call needs %zu", bytes, need));
+  if (need > 0 && workspace == nullptr) return invalid("workspace is NULL");
+  return FP_OK;
 }
 
 }  // namespace flashprefill

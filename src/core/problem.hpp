@@ -1,4 +1,6 @@
-// Validation of the public structs and the derived quantities every backend needs.
+// Validation of the public structs and the derived quantities every backend needs: every check
+// of a C ABI call's inputs lives here (the CUDA kernels' own limits through
+// cuda::check_attention_support), run before any backend does work.
 #pragma once
 
 #include <cstddef>
@@ -60,5 +62,33 @@ fp_status check_index_sizes(const ProblemInfo& info, const fp_select_config& con
 fp_status validate_index_buffers(const ProblemInfo& info, const fp_select_config& config,
                                  const fp_index* index, bool for_attention);
 fp_status validate_output(const ProblemInfo& info, const fp_output* output);
+
+// `name` is NULL: the error naming it.
+fp_status require(const void* ptr, const char* name);
+
+// Copies `count` int32 of the problem's metadata (device memory on CUDA: one host
+// synchronization) into `out`.
+fp_status host_copy(const fp_problem& p, const int32_t* src, size_t count,
+                    std::vector<int32_t>& out);
+
+// An attention call's inputs beyond the problem: the index's buffers (sparse mode: config and
+// index given; dense: both null), the output, and on CUDA what the kernel supports of them.
+fp_status validate_attention(const ProblemInfo& info, const fp_select_config* config,
+                             const fp_index* index, const fp_output* output);
+
+// A caller's index against the CSR rules, cu entirely before any idx entry is read; on CUDA only
+// with host metadata (FP_FLAG_VALIDATE_DEVICE_METADATA: both are copied to the host). host_cu,
+// when given, receives the host copy of cu of a checked index.
+fp_status validate_given_index(const ProblemInfo& info, const fp_index& index,
+                               std::vector<int32_t>* host_cu = nullptr);
+
+// fp_pool_kv's pooled_keys (NULL, or [B] with 0 <= pooled_keys[b] <= L_kv(b)), checked when the
+// lengths are on the host.
+fp_status validate_pooled_keys(const ProblemInfo& info, const int32_t* pooled_keys);
+
+// A workspace of `bytes` at `workspace` for a call that needs `need`: aligned (256 bytes on
+// CUDA, 16 on the CPU), large enough, and present when anything is needed.
+fp_status validate_workspace(const ProblemInfo& info, size_t need, const void* workspace,
+                             size_t bytes);
 
 }  // namespace flashprefill

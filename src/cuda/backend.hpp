@@ -24,6 +24,14 @@ fp_status build_index(const ProblemInfo& info, const fp_select_config& config,
 fp_status pool_kv(const ProblemInfo& info, const fp_select_config& config, float* k_mean,
                   float* v_mean, const int32_t* pooled_keys);
 
+// What the attention kernel supports beyond the validated problem (core/problem.cpp calls it for
+// every CUDA attention call, before anything runs): strides of multiples of 8 elements, 16-byte
+// aligned q, k and v, a paged pool whose rows are numbered in 32 bits, element-pair output
+// stores, work items numbered in 32 bits; `means` (null without mean correction): 16-byte
+// aligned k_mean and v_mean.
+fp_status check_attention_support(const ProblemInfo& info, const fp_output& output,
+                                  const fp_index* means);
+
 size_t attention_workspace(const ProblemInfo& info, const fp_select_config& config, bool sparse);
 // config.mean_correction selects the correction; index.k_mean / v_mean hold the pooled means.
 fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,

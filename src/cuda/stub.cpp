@@ -17,6 +17,9 @@ fp_status build_index(const ProblemInfo&, const fp_select_config&, const fp_inde
 fp_status pool_kv(const ProblemInfo&, const fp_select_config&, float*, float*, const int32_t*) {
   return no_cuda();
 }
+fp_status check_attention_support(const ProblemInfo&, const fp_output&, const fp_index*) {
+  return no_cuda();
+}
 size_t attention_workspace(const ProblemInfo&, const fp_select_config&, bool) { return 0; }
 fp_status sparse_attention(const ProblemInfo&, const fp_select_config&, const fp_index&,
                            const fp_output&, void*, size_t) {

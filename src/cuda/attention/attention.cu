@@ -1,6 +1,7 @@
-// The attention stage's CUDA entry points (cuda/backend.hpp): check what this kernel supports,
-// fill AttentionParams, encode the TMA descriptors, carve the scheduler's state, the split
-// partials and the converted means out of the workspace, launch, combine.
+// The attention stage's CUDA entry points (cuda/backend.hpp): what this kernel supports (checked
+// by core/problem.cpp before anything runs), the workspace layout, and each call's launch:
+// make_launch fills the complete AttentionParams (TMA descriptors, work layout, the scheduler's
+// state, split partials and converted means carved out of the workspace), run launches.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -73,33 +74,6 @@ PartialBytes partial_bytes(const ProblemInfo& info, int32_t splits) {
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
-// 16-byte copies need 16-byte aligned rows; the epilogue stores element pairs; the cp.async
-// paged path numbers a pool's rows in 32 bits (heuristics.hpp).
-fp_status check_supported(const ProblemInfo& info, const fp_output& out) {
-  const fp_problem& p = *info.p;
-  if (p.dtype != FP_BFLOAT16 && p.dtype != FP_FLOAT16)
-    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention supports bfloat16 and float16");
-  if (p.head_dim != 64 && p.head_dim != 128)
-    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention supports head_dim 64 and 128");
-  const bool paged = p.kv_layout == FP_KV_PAGED;
-  const int64_t strides[] = {p.q_stride_token, p.q_stride_head, p.k_stride_token, p.k_stride_head,
-                             p.v_stride_token, p.v_stride_head,
-                             paged ? p.k_stride_page : 0, paged ? p.v_stride_page : 0};
-  for (const int64_t s : strides)
-    if (s % 8 != 0)
-      return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs q/k/v strides that are multiples of 8");
-  if (paged && !attention::paged_rows_fit_32_bits(p))
-    return fail(FP_ERROR_UNSUPPORTED,
-                "CUDA attention: a paged K/V pool spans more than 2^32 rows of gcd(page stride, "
-                "token stride)");
-  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v))
-    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs 16-byte aligned q, k and v");
-  if (out.out_stride_token % 2 != 0 || out.out_stride_head % 2 != 0 ||
-      reinterpret_cast<uintptr_t>(out.out) % 4 != 0)
-    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs even output strides");
-  return FP_OK;
-}
 
 // cuTensorMapEncodeTiled from the driver, found once through the runtime (no libcuda link).
 using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
@@ -243,53 +217,6 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   return FP_OK;
 }
 
-AttentionParams make_params(const ProblemInfo& info, const fp_output& out) {
-  const fp_problem& p = *info.p;
-  AttentionParams a;
-  a.q = p.q;
-  a.q_stride_token = p.q_stride_token;
-  a.q_stride_head = p.q_stride_head;
-  a.total_q = p.total_q;
-  a.cu_seqlens_q = p.cu_seqlens_q;
-  a.k = p.k;
-  a.v = p.v;
-  a.k_stride_page = p.k_stride_page;
-  a.k_stride_token = p.k_stride_token;
-  a.k_stride_head = p.k_stride_head;
-  a.v_stride_page = p.v_stride_page;
-  a.v_stride_token = p.v_stride_token;
-  a.v_stride_head = p.v_stride_head;
-  a.paged = p.kv_layout == FP_KV_PAGED;
-  a.cu_seqlens_k = p.cu_seqlens_k;
-  a.seqlens_k = p.seqlens_k;
-  a.page_table = p.page_table;
-  a.page_size = a.paged ? p.page_size : 1;
-  a.page_div = FastDivmod(a.page_size);
-  if (a.paged) {  // check_supported: the row numbers fit in 32 bits
-    const attention::PagedRowUnits k = attention::paged_row_units(p, false);
-    const attention::PagedRowUnits v = attention::paged_row_units(p, true);
-    a.cp_k_unit = uint32_t(k.unit);
-    a.cp_k_page_units = uint32_t(k.page_units);
-    a.cp_k_token_units = uint32_t(k.token_units);
-    a.cp_v_unit = uint32_t(v.unit);
-    a.cp_v_page_units = uint32_t(v.page_units);
-    a.cp_v_token_units = uint32_t(v.token_units);
-  }
-  a.max_pages_per_seq = p.max_pages_per_seq;
-  a.batch = p.batch_size;
-  a.heads_kv = p.num_heads_kv;
-  a.group = info.group;
-  a.max_q_tiles = info.max_q_tiles;
-  a.range_tiles = info.max_q_tiles;
-  a.scale_log2 = info.scale * float(M_LOG2E);
-  a.out = out.out;
-  a.out_stride_token = out.out_stride_token;
-  a.out_stride_head = out.out_stride_head;
-  a.out_vec16 = aligned16(out.out) && out.out_stride_token % 8 == 0 && out.out_stride_head % 8 == 0;
-  a.lse = out.lse;
-  return a;
-}
-
 // Work items the persistent grid may number: every request's query tiles (at most
 // ceil(g total_q / 128) + batch) times KV heads times splits.
 int64_t max_items(const ProblemInfo& info, int32_t splits) {
@@ -318,52 +245,155 @@ size_t pair_rows_bytes(const fp_problem& p) {
 }
 
 // Workspace: [scheduler] [run table] [split partials: O, LSE] [converted k means] [converted v
-// means]. With `select`, the query tiles are launched in ranges of `range_tiles`, each selected
-// into the index by `select` first; the split partials are combined once, after the last range.
-fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_t mean_bytes,
-              int32_t range_tiles = 0, const RangeSelect* select = nullptr) {
+// means], each part aligned. The size query and the call both lay it out here, from the same
+// split count.
+struct WorkspaceLayout {
+  size_t schedule = 0, run_table = 0;
+  PartialBytes partials;
+  size_t mean = 0;  // per converted mean tensor
+
+  // Each term is bounded by the validated sizes (kMaxElements), so only the sum can overflow.
+  Size total() const {
+    return Size(int64_t(schedule)) + Size(int64_t(run_table)) + Size(int64_t(partials.o)) +
+           Size(int64_t(partials.lse)) + Size(int64_t(mean)) + Size(int64_t(mean));
+  }
+};
+
+WorkspaceLayout workspace_layout(const ProblemInfo& info, const fp_select_config& config,
+                                 bool sparse, int32_t splits) {
+  WorkspaceLayout w;
+  w.schedule = align_up(attention::schedule_bytes(info.p->batch_size));
+  w.run_table = pair_rows_bytes(*info.p);
+  w.partials = partial_bytes(info, splits);
+  w.mean = lowp_mean_bytes(info, config, sparse);
+  return w;
+}
+
+// One call's launch: the kernel's complete parameters, and where in the workspace the
+// preparation kernels write the run table and the converted means.
+struct AttentionLaunch {
+  AttentionParams params;
+  int32_t* run_table = nullptr;
+  void* k_lowp = nullptr;
+  void* v_lowp = nullptr;
+};
+
+// Everything the launch reads, in one place: the problem's tensors and lengths, the index (sparse
+// mode: `index` given; dense: null), the output, the TMA descriptors, the work layout (splits,
+// grid, work order) and the workspace carved as workspace_layout says. Launches nothing.
+fp_status make_launch(const ProblemInfo& info, const fp_select_config& config,
+                      const fp_index* index, const fp_output& out, void* workspace,
+                      AttentionLaunch* launch) {
   const fp_problem& p = *info.p;
+  AttentionParams& a = launch->params;
+  a = AttentionParams{};
+  a.q = p.q;
+  a.q_stride_token = p.q_stride_token;
+  a.q_stride_head = p.q_stride_head;
+  a.total_q = p.total_q;
+  a.cu_seqlens_q = p.cu_seqlens_q;
+  a.k = p.k;
+  a.v = p.v;
+  a.k_stride_page = p.k_stride_page;
+  a.k_stride_token = p.k_stride_token;
+  a.k_stride_head = p.k_stride_head;
+  a.v_stride_page = p.v_stride_page;
+  a.v_stride_token = p.v_stride_token;
+  a.v_stride_head = p.v_stride_head;
+  a.paged = p.kv_layout == FP_KV_PAGED;
+  a.cu_seqlens_k = p.cu_seqlens_k;
+  a.seqlens_k = p.seqlens_k;
+  a.page_table = p.page_table;
+  a.page_size = a.paged ? p.page_size : 1;
+  a.page_div = FastDivmod(a.page_size);
+  if (a.paged) {  // check_attention_support: the row numbers fit in 32 bits
+    const attention::PagedRowUnits k = attention::paged_row_units(p, false);
+    const attention::PagedRowUnits v = attention::paged_row_units(p, true);
+    a.cp_k_unit = uint32_t(k.unit);
+    a.cp_k_page_units = uint32_t(k.page_units);
+    a.cp_k_token_units = uint32_t(k.token_units);
+    a.cp_v_unit = uint32_t(v.unit);
+    a.cp_v_page_units = uint32_t(v.page_units);
+    a.cp_v_token_units = uint32_t(v.token_units);
+  }
+  a.max_pages_per_seq = p.max_pages_per_seq;
+  a.batch = p.batch_size;
+  a.heads_kv = p.num_heads_kv;
+  a.group = info.group;
+  a.max_q_tiles = info.max_q_tiles;
+  a.range_tiles = info.max_q_tiles;
+  a.scale_log2 = info.scale * float(M_LOG2E);
+  a.out = out.out;
+  a.out_stride_token = out.out_stride_token;
+  a.out_stride_head = out.out_stride_head;
+  a.out_vec16 = aligned16(out.out) && out.out_stride_token % 8 == 0 && out.out_stride_head % 8 == 0;
+  a.lse = out.lse;
+  if (index != nullptr) {
+    a.sparse = true;
+    a.cu = index->cu;
+    a.idx = index->idx;
+    a.idx_capacity = index->idx_capacity;
+    a.correction = config.mean_correction != 0;
+    a.k_mean = index->k_mean;
+    a.v_mean = index->v_mean;
+    a.block_size = config.block_size;
+    a.max_blocks = index_sizes(info, config).max_blocks;
+  }
   if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
   if (fp_status s = encode_q_map(p, info.group, a); s != FP_OK) return s;
-  a.num_splits = num_splits(info);
-  const int64_t items = max_items(info, a.num_splits);
-  if (items > INT32_MAX - int64_t(sm_count()))
-    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention numbers at most 2^31 work items (query tiles x "
-                                      "KV heads x splits); this problem has up to " +
-                                          std::to_string(items));
-  a.ctas = int32_t(std::min<int64_t>(items, sm_count()));
+
+  a.num_splits = num_splits(info);  // the items fit in 32 bits: check_attention_support
+  a.ctas = int32_t(std::min<int64_t>(max_items(info, a.num_splits), sm_count()));
   a.head_section = attention::tuned_head_section(info, l2_bytes());
   a.lead_tiles = attention::tuned_lead_tiles(info, a.ctas, a.num_splits);
-  const PartialBytes bytes = partial_bytes(info, a.num_splits);
-  char* const sched = static_cast<char*>(workspace);
-  int32_t* const pair_rows =
-      reinterpret_cast<int32_t*>(sched + align_up(attention::schedule_bytes(p.batch_size)));
-  char* ws = reinterpret_cast<char*>(pair_rows) + pair_rows_bytes(p);
+
+  const WorkspaceLayout w = workspace_layout(info, config, a.sparse, a.num_splits);
+  char* part = static_cast<char*>(workspace);
+  a.work_counter = reinterpret_cast<int32_t*>(part);
+  a.tile_prefix = a.work_counter + 1;
+  part += w.schedule;
+  launch->run_table = reinterpret_cast<int32_t*>(part);
+  part += w.run_table;
   if (a.num_splits > 1) {
-    a.o_partial = reinterpret_cast<float*>(ws);
-    a.lse_partial = reinterpret_cast<float*>(ws + bytes.o);
+    a.o_partial = reinterpret_cast<float*>(part);
+    a.lse_partial = reinterpret_cast<float*>(part + w.partials.o);
   }
+  part += w.partials.o + w.partials.lse;
+  a.max_pairs = attention::paged_max_pairs(p);
+  a.tma_runs = a.tma_runs && a.max_pairs > 0;
+  if (a.tma_runs) a.pair_rows = launch->run_table;
+  if (a.correction && a.max_q_tiles > 0 && p.total_q > 0) {
+    launch->k_lowp = part;
+    launch->v_lowp = part + w.mean;
+    if (fp_status s = encode_mean_map(&a.tma_k_mean, launch->k_lowp, a, p.head_dim, "the k means");
+        s != FP_OK)
+      return s;
+    if (fp_status s = encode_mean_map(&a.tma_v_mean, launch->v_lowp, a, p.head_dim, "the v means");
+        s != FP_OK)
+      return s;
+  }
+  return FP_OK;
+}
+
+// The launches of one call, on its parameters: the converted means, the run table, the
+// scheduler's state and the attention kernel, and the split combine. With `select`, the query
+// tiles are launched in ranges of `range_tiles`, each selected into the index by `select` first;
+// the split partials are combined once, after the last range.
+fp_status run(const ProblemInfo& info, const AttentionLaunch& launch, int32_t range_tiles = 0,
+              const RangeSelect* select = nullptr) {
+  const fp_problem& p = *info.p;
+  AttentionParams a = launch.params;
   if (a.max_q_tiles == 0 || p.total_q == 0) return FP_OK;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (a.correction) {
-    char* k_lowp = ws + bytes.o + bytes.lse;
-    char* v_lowp = k_lowp + mean_bytes;
-    if (fp_status s = encode_mean_map(&a.tma_k_mean, k_lowp, a, p.head_dim, "the k means");
-        s != FP_OK)
-      return s;
-    if (fp_status s = encode_mean_map(&a.tma_v_mean, v_lowp, a, p.head_dim, "the v means");
-        s != FP_OK)
-      return s;
     const cudaError_t e =
-        attention::launch_lowp_means(a, p.dtype, p.head_dim, k_lowp, v_lowp, stream);
+        attention::launch_lowp_means(a, p.dtype, p.head_dim, launch.k_lowp, launch.v_lowp, stream);
     if (e != cudaSuccess)
       return fail(FP_ERROR_CUDA, std::string("mean conversion failed: ") + cudaGetErrorString(e));
   }
-  a.max_pairs = attention::paged_max_pairs(p);
-  a.tma_runs = a.tma_runs && a.max_pairs > 0;
   if (a.tma_runs) {
-    a.pair_rows = pair_rows;
-    if (const cudaError_t e = attention::launch_pair_rows(a, pair_rows, stream); e != cudaSuccess)
+    if (const cudaError_t e = attention::launch_pair_rows(a, launch.run_table, stream);
+        e != cudaSuccess)
       return fail(FP_ERROR_CUDA,
                   std::string("run table preparation failed: ") + cudaGetErrorString(e));
   }
@@ -376,8 +406,7 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
     a.range_tiles = int32_t(std::min<int64_t>(width, a.max_q_tiles - begin));
     if (select != nullptr)
       if (fp_status s = (*select)(a.tile_begin, a.range_tiles); s != FP_OK) return s;
-    if (const cudaError_t e = attention::launch_prepare_schedule(a, sched, stream);
-        e != cudaSuccess)
+    if (const cudaError_t e = attention::launch_prepare_schedule(a, stream); e != cudaSuccess)
       return fail(FP_ERROR_CUDA,
                   std::string("scheduler preparation failed: ") + cudaGetErrorString(e));
     err = !a.paged     ? launch_kernel<KvLayout::kContiguous>(a, bf16, p.head_dim, stream)
@@ -393,61 +422,77 @@ fp_status run(const ProblemInfo& info, AttentionParams a, void* workspace, size_
   return FP_OK;
 }
 
-// The sparse operator's arguments, after checking what the kernel supports.
-fp_status sparse_params(const ProblemInfo& info, const fp_select_config& config,
-                        const fp_index& index, const fp_output& output, AttentionParams* out) {
-  if (fp_status s = check_supported(info, output); s != FP_OK) return s;
-  if (config.mean_correction && (!aligned16(index.k_mean) || !aligned16(index.v_mean)))
-    return fail(FP_ERROR_UNSUPPORTED, "CUDA mean correction needs 16-byte aligned k_mean/v_mean");
-  AttentionParams a = make_params(info, output);
-  a.sparse = true;
-  a.cu = index.cu;
-  a.idx = index.idx;
-  a.idx_capacity = index.idx_capacity;
-  a.correction = config.mean_correction != 0;
-  a.k_mean = index.k_mean;
-  a.v_mean = index.v_mean;
-  a.block_size = config.block_size;
-  a.max_blocks = index_sizes(info, config).max_blocks;
-  *out = a;
-  return FP_OK;
+fp_status launch_attention(const ProblemInfo& info, const fp_select_config& config,
+                           const fp_index* index, const fp_output& output, void* workspace) {
+  AttentionLaunch launch;
+  if (fp_status s = make_launch(info, config, index, output, workspace, &launch); s != FP_OK)
+    return s;
+  return run(info, launch);
 }
 
 }  // namespace
 
+// 16-byte copies need 16-byte aligned rows; the epilogue stores element pairs; the cp.async
+// paged path numbers a pool's rows in 32 bits (heuristics.hpp); the scheduler numbers its work
+// items in 32 bits. The dtype and head dimension are checked with the problem
+// (core/problem.cpp).
+fp_status check_attention_support(const ProblemInfo& info, const fp_output& out,
+                                  const fp_index* means) {
+  const fp_problem& p = *info.p;
+  const bool paged = p.kv_layout == FP_KV_PAGED;
+  const int64_t strides[] = {p.q_stride_token, p.q_stride_head, p.k_stride_token, p.k_stride_head,
+                             p.v_stride_token, p.v_stride_head,
+                             paged ? p.k_stride_page : 0, paged ? p.v_stride_page : 0};
+  for (const int64_t s : strides)
+    if (s % 8 != 0)
+      return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs q/k/v strides that are multiples of 8");
+  if (paged && !attention::paged_rows_fit_32_bits(p))
+    return fail(FP_ERROR_UNSUPPORTED,
+                "CUDA attention: a paged K/V pool spans more than 2^32 rows of gcd(page stride, "
+                "token stride)");
+  if (!aligned16(p.q) || !aligned16(p.k) || !aligned16(p.v))
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs 16-byte aligned q, k and v");
+  if (out.out_stride_token % 2 != 0 || out.out_stride_head % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(out.out) % 4 != 0)
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs even output strides");
+  if (means != nullptr && (!aligned16(means->k_mean) || !aligned16(means->v_mean)))
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA mean correction needs 16-byte aligned k_mean/v_mean");
+  if (const int64_t items = max_items(info, num_splits(info));
+      items > INT32_MAX - int64_t(sm_count()))
+    return fail(FP_ERROR_UNSUPPORTED, "CUDA attention numbers at most 2^31 work items (query tiles x "
+                                      "KV heads x splits); this problem has up to " +
+                                          std::to_string(items));
+  return FP_OK;
+}
+
 size_t attention_workspace(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
-  // Each term is bounded by the validated sizes (kMaxElements), so only the sum can overflow.
-  const PartialBytes bytes = partial_bytes(info, num_splits(info));
-  const Size mean = Size(int64_t(lowp_mean_bytes(info, config, sparse)));
-  return (Size(int64_t(align_up(attention::schedule_bytes(info.p->batch_size)))) +
-          Size(int64_t(pair_rows_bytes(*info.p))) + Size(int64_t(bytes.o)) +
-          Size(int64_t(bytes.lse)) + mean + mean)
-      .bytes_or_max();
+  return workspace_layout(info, config, sparse, num_splits(info)).total().bytes_or_max();
 }
 
 fp_status sparse_attention(const ProblemInfo& info, const fp_select_config& config,
                            const fp_index& index, const fp_output& output, void* workspace,
                            size_t) {
-  AttentionParams a;
-  if (fp_status s = sparse_params(info, config, index, output, &a); s != FP_OK) return s;
-  return run(info, a, workspace, lowp_mean_bytes(info, config, true));
+  return launch_attention(info, config, &index, output, workspace);
 }
 
+// The support check ran with the rest of fp_prefill's validation (core/problem.cpp); the
+// index's means lie in the workspace, aligned.
 fp_status sparse_attention_in_ranges(const ProblemInfo& info, const fp_select_config& config,
                                      const fp_index& index, const fp_output& output,
                                      void* workspace, int32_t range_tiles,
                                      const RangeSelect& select) {
   if (range_tiles < 1)
     return fail(FP_ERROR_INTERNAL, "prefill stage: a query-tile range needs at least one tile");
-  AttentionParams a;
-  if (fp_status s = sparse_params(info, config, index, output, &a); s != FP_OK) return s;
-  return run(info, a, workspace, lowp_mean_bytes(info, config, true), range_tiles, &select);
+  AttentionLaunch launch;
+  if (fp_status s = make_launch(info, config, &index, output, workspace, &launch); s != FP_OK)
+    return s;
+  return run(info, launch, range_tiles, &select);
 }
 
 fp_status dense_attention(const ProblemInfo& info, const fp_output& output, void* workspace,
                           size_t) {
-  if (fp_status s = check_supported(info, output); s != FP_OK) return s;
-  return run(info, make_params(info, output), workspace, 0);
+  fp_select_config dense{};  // dense mode reads no selection
+  return launch_attention(info, dense, nullptr, output, workspace);
 }
 
 }  // namespace flashprefill::cuda

@@ -1,5 +1,5 @@
 // Kernel arguments of the attention operator: one flat struct, filled once on the host by
-// launch.hpp from a validated ProblemInfo, passed by value to the kernel.
+// attention.cu's make_launch from a validated ProblemInfo, passed by value to the kernel.
 #pragma once
 
 #include <cstdint>
@@ -117,7 +117,7 @@ struct AttentionParams {
   FastDivmod page_div;
   // Paged KV by cp.async (paged_kv.hpp): row j of page `page` starts cp_k_unit *
   // (page * cp_k_page_units + j * cp_k_token_units) bytes past the head's K base (unit: the two
-  // strides' gcd in bytes; check_supported keeps every such row number below 2^32), and V alike.
+  // strides' gcd in bytes; check_attention_support keeps every row number below 2^32), and V alike.
   // A lane's row then shuffles as one 32-bit value per operand.
   uint32_t cp_k_unit = 0, cp_k_page_units = 0, cp_k_token_units = 0;
   uint32_t cp_v_unit = 0, cp_v_page_units = 0, cp_v_token_units = 0;

@@ -75,9 +75,7 @@ cudaError_t launch_pair_rows(const AttentionParams& p, int32_t* pair_rows, cudaS
   return cudaGetLastError();
 }
 
-cudaError_t launch_prepare_schedule(AttentionParams& p, void* workspace, cudaStream_t stream) {
-  p.work_counter = static_cast<int32_t*>(workspace);
-  p.tile_prefix = p.work_counter + 1;
+cudaError_t launch_prepare_schedule(const AttentionParams& p, cudaStream_t stream) {
   prepare_schedule_kernel<<<1, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -11,9 +11,9 @@ namespace flashprefill::cuda::attention {
 // Bytes of workspace the scheduler needs for `batch` requests (counter + batch + 1 prefix entries).
 inline size_t schedule_bytes(int32_t batch) { return sizeof(int32_t) * (size_t(batch) + 2); }
 
-// Points p.work_counter / p.tile_prefix at `workspace` and launches the one-CTA kernel that fills
-// them on `stream`.
-cudaError_t launch_prepare_schedule(AttentionParams& p, void* workspace, cudaStream_t stream);
+// Launches the one-CTA kernel that fills p.work_counter and p.tile_prefix (in the workspace,
+// schedule_bytes) on `stream`.
+cudaError_t launch_prepare_schedule(const AttentionParams& p, cudaStream_t stream);
 
 // Fills the run table p.pair_rows (p.tma_runs; params.hpp) from the page table on `stream`.
 cudaError_t launch_pair_rows(const AttentionParams& p, int32_t* pair_rows, cudaStream_t stream);
