@@ -10,7 +10,6 @@ namespace {
 Size cuda_bytes(size_t bytes) { return Size(bytes == SIZE_MAX ? -1 : int64_t(bytes)); }
 
 constexpr Backend kCpu{
-    .ranged_prefill = true,
     .index_workspace = [](const ProblemInfo&, const fp_select_config&) { return Size(0); },
     .attention_workspace = [](const ProblemInfo&, const fp_select_config&,
                               bool) { return Size(0); },
@@ -42,7 +41,6 @@ constexpr Backend kCpu{
 };
 
 constexpr Backend kCuda{
-    .ranged_prefill = false,
     .index_workspace =
         [](const ProblemInfo& info, const fp_select_config& c) {
           return cuda_bytes(cuda::build_index_workspace(info, c));

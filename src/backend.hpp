@@ -1,7 +1,8 @@
 // The two backends of the C ABI behind one table: the CPU reference (reference/) and the CUDA
 // path (cuda/backend.hpp). An entry point picks the backend once, from its validated problem's
-// device (backend_for), and runs every stage and workspace query through it; no other host code
-// asks which device a call runs on (validation aside: core/problem.cpp).
+// device (backend_for), and runs every stage and workspace query through it. Besides the
+// validation (core/problem.cpp), only fp_prefill still asks for the device: its index ranges
+// differ in layout (runs of segments on the CPU, query-tile ranges on CUDA; api.cpp).
 #pragma once
 
 #include <cstddef>
@@ -13,9 +14,6 @@
 namespace flashprefill {
 
 struct Backend {
-  // fp_prefill builds and consumes the index in query-tile ranges that fit the workspace (the
-  // CPU), or builds all of it at once, addressed by int32 offsets (CUDA).
-  bool ranged_prefill;
   // Workspace bytes of the index stage and of the attention stage (sparse or dense mode); an
   // overflowed Size when they do not fit in 64 bits.
   Size (*index_workspace)(const ProblemInfo& info, const fp_select_config& config);
