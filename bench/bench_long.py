@@ -8,8 +8,8 @@ Two row groups, written to one results file (bench/common.py ResultsFile, bench 
   shorter), and fp_build_index + fp_sparse_attention (the whole index): every output is compared
   bit for bit with the first (docs/ALGORITHM.md, "Sizes and the prefill workspace"). On one
   request, a varlen batch and a paged cache; each once with the split heuristic's choice and once
-  with FLASHPREFILL_ATTENTION_SPLITS=3 (split partials combined once after the last range). Each
-  output is written into a NaN-poisoned buffer.
+  with 3 splits (the problem's tuning.num_splits; split partials combined once after the last
+  range). Each output is written into a NaN-poisoned buffer.
 - `long` (--lengths, default 1M): the time of fp_prefill (default config), its workspace, the
   peak of device memory over the call (torch.cuda.max_memory_allocated, with and without the
   inputs and output; the library allocates nothing itself), and
@@ -30,7 +30,6 @@ causal tiles at 1M).
 import argparse
 import copy
 import ctypes
-import os
 import re
 import sys
 import time
@@ -120,11 +119,8 @@ def range_rows(lib, L, gen, report):
     per_tile = 4 * HKV * ((L + 63) // 64)  # index entries of one more query tile, in bytes
     for layout, b in range_cases(L, gen):
         tiles = (HQ // HKV * max(b.len_q) + 127) // 128
-        for splits in (None, "3"):
-            if splits is None:
-                os.environ.pop("FLASHPREFILL_ATTENTION_SPLITS", None)
-            else:
-                os.environ["FLASHPREFILL_ATTENTION_SPLITS"] = splits
+        for splits in (0, 3):  # 0: the heuristic
+            b.problem.tuning.num_splits = splits
             pre = Prefill(lib, b, cfg)
             full, least = pre.size_query(), pre.least()
             start = time.perf_counter()
@@ -140,7 +136,7 @@ def range_rows(lib, L, gen, report):
             ours = Ours(lib, b)
             build = ours.build_index(cfg)
             variants["staged"] = b.poisoned_run(lambda: (build(), ours.sparse()))
-            row = dict(row="long_ranges", L=L, layout=layout, splits=splits or "heuristic",
+            row = dict(row="long_ranges", L=L, layout=layout, splits=str(splits or "heuristic"),
                        query_tiles=tiles, workspace_bytes=full, least_workspace_bytes=least,
                        full_ms=full_ms, least_ms=least_ms,
                        finite=bool(torch.isfinite(reference).all().item()))
@@ -150,7 +146,6 @@ def range_rows(lib, L, gen, report):
             report(row)
             del ours, build, variants, reference
             bench_attention.empty_cache()
-    os.environ.pop("FLASHPREFILL_ATTENTION_SPLITS", None)
 
 
 def slice_error(lib, q, k, v, out, r0, r1):
