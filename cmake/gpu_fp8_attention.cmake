@@ -8,6 +8,6 @@ if(FP_ENABLE_CUDA)
   target_include_directories(fp_gpu_fp8_check PRIVATE ${CMAKE_SOURCE_DIR}/src)
   target_include_directories(fp_gpu_fp8_check SYSTEM PRIVATE ${FP_CUTLASS_INCLUDE})
   target_compile_options(fp_gpu_fp8_check PRIVATE
-                         $<$<COMPILE_LANGUAGE:CUDA>:${FP_CUDA_FLAGS} -Xptxas=-v>)
+                         $<$<COMPILE_LANGUAGE:CUDA>:${FP_CUDA_FLAGS}>)
   target_link_libraries(fp_gpu_fp8_check PRIVATE flashprefill CUDA::cudart_static)
 endif()

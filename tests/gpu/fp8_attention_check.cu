@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/geometry.hpp"
@@ -36,7 +38,6 @@ using flashprefill::ceil_div;
 using flashprefill::kKvTile;
 using flashprefill::kTileRows;
 
-constexpr int kD = 128;
 constexpr double kFp8Tolerance = 2e-2;   // GPU FP8 against the CPU FP8 reference (ALGORITHM.md)
 constexpr double kExactTolerance = 3e-2; // FP8 against float32 attention on the dequantized inputs
 constexpr double kLseTolerance = 2e-2;   // absolute
@@ -46,9 +47,16 @@ std::mt19937_64 rng;
 int failures = 0, checks = 0;
 
 float e4m3_value(uint8_t bits) {
-  __nv_fp8_e4m3 x;
-  x.__x = bits;
-  return float(x);
+  static const std::vector<float> table = [] {
+    std::vector<float> t(256);
+    for (int b = 0; b < 256; ++b) {
+      __nv_fp8_e4m3 x;
+      x.__x = uint8_t(b);
+      t[size_t(b)] = float(x);
+    }
+    return t;
+  }();
+  return table[bits];
 }
 uint8_t e4m3_bits(float x) { return __nv_fp8_e4m3(x).__x; }  // round to nearest, satfinite
 uint16_t bf16_bits(float x) {
@@ -65,7 +73,7 @@ float bf16_value(uint16_t h) {
 
 struct Shape {
   std::string name;
-  int heads_q, heads_kv;
+  int head_dim, heads_q, heads_kv;
   std::vector<int> len_q, len_kv;
 };
 
@@ -111,6 +119,7 @@ struct Inputs {
 };
 
 Inputs make_inputs(const Shape& s, bool fast) {
+  const int D = s.head_dim;
   Inputs in;
   in.shape = s;
   const int B = int(s.len_q.size());
@@ -122,22 +131,23 @@ Inputs make_inputs(const Shape& s, bool fast) {
   }
   in.total_q = in.cu_q[B];
   in.total_k = in.cu_k[B];
-  in.q = quantize_random(size_t(in.total_q) * s.heads_q * kD, fast);
-  in.k = quantize_random(size_t(in.total_k) * s.heads_kv * kD, fast);
-  in.v = quantize_random(size_t(in.total_k) * s.heads_kv * kD, fast);
+  in.q = quantize_random(size_t(in.total_q) * s.heads_q * D, fast);
+  in.k = quantize_random(size_t(in.total_k) * s.heads_kv * D, fast);
+  in.v = quantize_random(size_t(in.total_k) * s.heads_kv * D, fast);
   return in;
 }
 
-float softmax_scale() { return 1.f / std::sqrt(float(kD)); }
+float softmax_scale(int D) { return 1.f / std::sqrt(float(D)); }
 
 // The causal FLOPs of Q K^T and P V (2 each per visible (query, key) pair and head dim).
 double causal_flops(const Inputs& in) {
+  const int D = in.shape.head_dim;
   double pairs = 0;
   for (size_t b = 0; b < in.shape.len_q.size(); ++b) {
     const double lq = in.shape.len_q[b], offset = in.shape.len_kv[b] - lq;
     pairs += lq * offset + lq * (lq + 1) / 2;
   }
-  return 4.0 * kD * in.shape.heads_q * pairs;
+  return 4.0 * D * in.shape.heads_q * pairs;
 }
 
 // A CSR index of selected 64-key tiles (docs/ALGORITHM.md): random ascending subsets of every
@@ -166,6 +176,27 @@ Csr random_csr(const Shape& s, double density) {
             int32_t(c.idx.size());
       }
   return c;
+}
+
+// Waits for the work queued on the default stream; a kernel that has not finished after
+// kHangSeconds counts as hung: the check says so and exits (a hung kernel cannot be recovered).
+constexpr double kHangSeconds = 30;
+void finish(const char* what) {
+  cudaEvent_t done;
+  CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  CUDA_OK(cudaEventRecord(done));
+  const auto start = std::chrono::steady_clock::now();
+  cudaError_t e;
+  while ((e = cudaEventQuery(done)) == cudaErrorNotReady) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        kHangSeconds) {
+      std::printf("FAIL: %s has not finished after %.0f s (hung)\n", what, kHangSeconds);
+      std::_Exit(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CUDA_OK(e);
+  CUDA_OK(cudaEventDestroy(done));
 }
 
 // ---- The e4m3 kernel, launched directly ------------------------------------------------------
@@ -220,39 +251,43 @@ struct Fp8Run {
   attn::AttentionParams p;
   int64_t vt_rows = 0;
   int32_t max_kv_tiles = 0;
+  int D = 0;
 
   // Dense mode, or sparse mode over csr.
   explicit Fp8Run(const Inputs& in, const Csr* csr = nullptr) {
     const Shape& s = in.shape;
     const int B = int(s.len_q.size()), g = s.heads_q / s.heads_kv;
+    D = s.head_dim;
     q.upload(in.q.bits);
     k.upload(in.k.bits);
     v.upload(in.v.bits);
     cu_q.upload(in.cu_q);
     cu_k.upload(in.cu_k);
     vt_rows = attn::transposed_v_rows(in.total_k, B);
-    vt.resize(size_t(vt_rows) * s.heads_kv * kD);
+    vt.resize(size_t(vt_rows) * s.heads_kv * D);
     CUDA_OK(cudaMemset(vt.ptr, 0xFF, vt.count));  // rows no tile reads stay NaN
-    out.resize(size_t(in.total_q) * s.heads_q * kD);
+    out.resize(size_t(in.total_q) * s.heads_q * D);
     lse.resize(size_t(in.total_q) * s.heads_q);
     schedule.resize(attn::schedule_bytes(B) / sizeof(int32_t));
     max_kv_tiles = int32_t(ceil_div(int64_t(max_of(s.len_kv)), kKvTile));
 
-    const int64_t token_q = int64_t(s.heads_q) * kD, token_kv = int64_t(s.heads_kv) * kD;
+    const int64_t token_q = int64_t(s.heads_q) * D, token_kv = int64_t(s.heads_kv) * D;
     p.q = q.ptr;
     p.q_stride_token = token_q;
-    p.q_stride_head = kD;
+    p.q_stride_head = D;
     p.total_q = in.total_q;
     p.cu_seqlens_q = cu_q.ptr;
     p.k = k.ptr;
     p.v = vt.ptr;
     p.k_stride_token = p.v_stride_token = token_kv;
-    p.k_stride_head = p.v_stride_head = kD;
+    p.k_stride_head = p.v_stride_head = D;
     p.cu_seqlens_k = cu_k.ptr;
     p.batch = B;
     p.heads_kv = s.heads_kv;
     p.group = g;
     p.max_q_tiles = max_q_tiles(s);
+    p.tile_begin = 0;  // one launch for every query tile
+    p.range_tiles = p.max_q_tiles;
     if (csr) {
       cu.upload(csr->cu);
       idx.upload(csr->idx);
@@ -262,11 +297,11 @@ struct Fp8Run {
       p.idx = idx.ptr;
       p.idx_capacity = int64_t(csr->idx.size());
     }
-    p.scale_log2 = softmax_scale() * float(M_LOG2E) * in.q.c * in.k.c;  // c_q c_k (Eq. 15)
+    p.scale_log2 = softmax_scale(D) * float(M_LOG2E) * in.q.c * in.k.c;  // c_q c_k (Eq. 15)
     p.v_descale = in.v.c;
     p.out = out.ptr;
     p.out_stride_token = token_q;
-    p.out_stride_head = kD;
+    p.out_stride_head = D;
     p.out_vec16 = true;
     p.lse = lse.ptr;
     p.num_splits = 1;
@@ -275,43 +310,50 @@ struct Fp8Run {
                           int64_t(p.max_q_tiles) * B) * s.heads_kv;
     p.ctas = int32_t(std::min<int64_t>(items, sm_count()));
     // Head sections as heuristics.hpp sizes them, for one-byte K and V.
-    const int64_t head_bytes = std::max<int64_t>(2 * int64_t(max_of(s.len_kv)) * kD, 1);
+    const int64_t head_bytes = std::max<int64_t>(2 * int64_t(max_of(s.len_kv)) * D, 1);
     p.head_section = int32_t(std::clamp<int64_t>(
         int64_t(double(l2_bytes()) * attn::kL2Share) / head_bytes, 1, s.heads_kv));
     p.lead_tiles = attn::choose_lead_tiles(p.ctas, p.heads_kv, 1);
 
-    // K: (D, Hkv, total_k) in 128-byte x 1 x 64-key boxes, the stages' 128-byte swizzle.
-    const cuuint64_t k_dims[3] = {kD, cuuint64_t(s.heads_kv), cuuint64_t(in.total_k)};
-    const cuuint64_t k_strides[2] = {kD, cuuint64_t(token_kv)};
-    const cuuint32_t k_box[3] = {kD, 1, kKvTile};
-    encode_bytes(&p.tma_k, k.ptr, 3, k_dims, k_strides, k_box, CU_TENSOR_MAP_SWIZZLE_128B, "K");
+    // Q and K rows are D bytes: one swizzle row of the stages (KernelTraits::AtomQK).
+    const CUtensorMapSwizzle row_swizzle =
+        D == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    // K: (D, Hkv, total_k) in D x 1 x 64-key boxes.
+    const cuuint64_t k_dims[3] = {cuuint64_t(D), cuuint64_t(s.heads_kv), cuuint64_t(in.total_k)};
+    const cuuint64_t k_strides[2] = {cuuint64_t(D), cuuint64_t(token_kv)};
+    const cuuint32_t k_box[3] = {cuuint32_t(D), 1, kKvTile};
+    encode_bytes(&p.tma_k, k.ptr, 3, k_dims, k_strides, k_box, row_swizzle, "K");
     // V^T: (rows, D, Hkv) in 64-key x D boxes, the 64-byte swizzle of SmemLayoutVt.
-    const cuuint64_t v_dims[3] = {cuuint64_t(vt_rows), kD, cuuint64_t(s.heads_kv)};
-    const cuuint64_t v_strides[2] = {cuuint64_t(vt_rows), cuuint64_t(vt_rows) * kD};
-    const cuuint32_t v_box[3] = {kKvTile, kD, 1};
+    const cuuint64_t v_dims[3] = {cuuint64_t(vt_rows), cuuint64_t(D), cuuint64_t(s.heads_kv)};
+    const cuuint64_t v_strides[2] = {cuuint64_t(vt_rows), cuuint64_t(vt_rows) * D};
+    const cuuint32_t v_box[3] = {kKvTile, cuuint32_t(D), 1};
     encode_bytes(&p.tma_v, vt.ptr, 3, v_dims, v_strides, v_box, CU_TENSOR_MAP_SWIZZLE_64B, "V^T");
     p.tma = true;
     // Q: (D, g, Hkv, total_q, 1) in D x g x 1 x (128 / g) x 1 boxes (a whole query tile) when g
     // is a power of two; else cp.async.
     p.q_tma = (g & (g - 1)) == 0 && g <= kTileRows;
     if (p.q_tma) {
-      const cuuint64_t q_dims[5] = {kD, cuuint64_t(g), cuuint64_t(s.heads_kv),
+      const cuuint64_t q_dims[5] = {cuuint64_t(D), cuuint64_t(g), cuuint64_t(s.heads_kv),
                                     cuuint64_t(in.total_q), 1};
-      const cuuint64_t q_strides[4] = {kD, cuuint64_t(g) * kD, cuuint64_t(token_q), kD};
-      const cuuint32_t q_box[5] = {kD, cuuint32_t(g), 1, cuuint32_t(kTileRows / g), 1};
-      encode_bytes(&p.tma_q, q.ptr, 5, q_dims, q_strides, q_box, CU_TENSOR_MAP_SWIZZLE_128B, "Q");
+      const cuuint64_t q_strides[4] = {cuuint64_t(D), cuuint64_t(g) * D, cuuint64_t(token_q),
+                                       cuuint64_t(D)};
+      const cuuint32_t q_box[5] = {cuuint32_t(D), cuuint32_t(g), 1, cuuint32_t(kTileRows / g), 1};
+      encode_bytes(&p.tma_q, q.ptr, 5, q_dims, q_strides, q_box, row_swizzle, "Q");
     }
   }
 
   void transpose(cudaStream_t stream) {
-    CUDA_OK(attn::launch_transpose_v<kD>(v.ptr, p.v_stride_token, p.v_stride_head, cu_k.ptr,
-                                         p.batch, p.heads_kv, max_kv_tiles, vt.ptr, vt_rows,
-                                         stream));
+    auto* launch = D == 128 ? &attn::launch_transpose_v<128> : &attn::launch_transpose_v<64>;
+    CUDA_OK(launch(v.ptr, p.v_stride_token, p.v_stride_head, cu_k.ptr, p.batch, p.heads_kv,
+                   max_kv_tiles, vt.ptr, vt_rows, stream));
   }
   void attend(cudaStream_t stream) {
+    using E4m3 = cutlass::float_e4m3_t;
+    constexpr attn::KvLayout kContiguous = attn::KvLayout::kContiguous;
+    auto* launch = D == 128 ? &attn::launch_attention<E4m3, 128, kContiguous>
+                            : &attn::launch_attention<E4m3, 64, kContiguous>;
     CUDA_OK(attn::launch_prepare_schedule(p, schedule.ptr, stream));
-    CUDA_OK((attn::launch_attention<cutlass::float_e4m3_t, kD, attn::KvLayout::kContiguous>(
-        p, stream)));
+    CUDA_OK(launch(p, stream));
   }
 };
 
@@ -326,7 +368,7 @@ Result run_fp8(const Inputs& in, const Csr* csr) {
   CUDA_OK(cudaMemset(run.lse.ptr, 0xFF, run.lse.count * 4));
   run.transpose(nullptr);
   run.attend(nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
+  finish(csr ? "the sparse fp8 kernel" : "the dense fp8 kernel");
   Result r;
   const std::vector<uint16_t> bits = run.out.download();
   r.out.resize(bits.size());
@@ -339,28 +381,30 @@ Result run_fp8(const Inputs& in, const Csr* csr) {
 
 fp_problem base_problem(const Inputs& in) {
   const Shape& s = in.shape;
+  const int D = s.head_dim;
   fp_problem p{};
   p.batch_size = int32_t(s.len_q.size());
   p.num_heads_q = s.heads_q;
   p.num_heads_kv = s.heads_kv;
-  p.head_dim = kD;
-  p.q_stride_token = int64_t(s.heads_q) * kD;
-  p.q_stride_head = kD;
+  p.head_dim = D;
+  p.q_stride_token = int64_t(s.heads_q) * D;
+  p.q_stride_head = D;
   p.total_q = in.total_q;
   p.max_seqlen_q = max_of(s.len_q);
   p.kv_layout = FP_KV_CONTIGUOUS;
-  p.k_stride_token = p.v_stride_token = int64_t(s.heads_kv) * kD;
-  p.k_stride_head = p.v_stride_head = kD;
+  p.k_stride_token = p.v_stride_token = int64_t(s.heads_kv) * D;
+  p.k_stride_head = p.v_stride_head = D;
   p.max_seqlen_k = max_of(s.len_kv);
   p.total_k = in.total_k;
   return p;
 }
 
 fp_output output_of(const Inputs& in, void* out, float* lse) {
+  const int D = in.shape.head_dim;
   fp_output o{};
   o.out = out;
-  o.out_stride_token = int64_t(in.shape.heads_q) * kD;
-  o.out_stride_head = kD;
+  o.out_stride_token = int64_t(in.shape.heads_q) * D;
+  o.out_stride_head = D;
   o.lse = lse;
   return o;
 }
@@ -397,7 +441,7 @@ Result cpu_fp8(const Inputs& in, const Csr* csr) {
   p.q_descale = &in.q.c;
   p.k_descale = &in.k.c;
   p.v_descale = &in.v.c;
-  std::vector<uint16_t> bits(size_t(in.total_q) * in.shape.heads_q * kD);
+  std::vector<uint16_t> bits(in.q.bits.size());
   Result r;
   r.lse.resize(size_t(in.total_q) * in.shape.heads_q);
   const fp_output o = output_of(in, bits.data(), r.lse.data());
@@ -452,7 +496,7 @@ struct Bf16Run {
     upload(v, in.v);
     cu_q.upload(in.cu_q);
     cu_k.upload(in.cu_k);
-    out.resize(size_t(in.total_q) * in.shape.heads_q * kD);
+    out.resize(in.q.bits.size());
     lse.resize(size_t(in.total_q) * in.shape.heads_q);
     p = base_problem(in);
     p.device = FP_DEVICE_CUDA;
@@ -469,7 +513,7 @@ struct Bf16Run {
   }
   void attend() { FP_OK_OR_DIE(fp_dense_attention(&p, &o, workspace.ptr, workspace.count)); }
   Result result() {
-    CUDA_OK(cudaDeviceSynchronize());
+    finish("the bf16 library call");
     Result r;
     const std::vector<uint16_t> bits = out.download();
     r.out.resize(bits.size());
@@ -487,13 +531,15 @@ struct Errors {
 };
 
 // Rows are (token, query head) pairs; `rows` empty means all of them.
-Errors errors(const Result& got, const Result& want, int heads_q, int64_t total_q,
+Errors errors(const Result& got, const Result& want, const Inputs& in,
               const std::vector<int64_t>& rows = {}) {
+  const int D = in.shape.head_dim, heads_q = in.shape.heads_q;
+  const int64_t total_q = in.total_q;
   Errors e;
   double num = 0, den = 0;
   auto row = [&](int64_t r) {
-    for (int d = 0; d < kD; ++d) {
-      const size_t i = size_t(r) * kD + d;
+    for (int d = 0; d < D; ++d) {
+      const size_t i = size_t(r) * D + d;
       if (!std::isfinite(got.out[i])) {
         ++e.nonfinite;
         continue;
@@ -535,7 +581,8 @@ void check_shape(const Shape& s) {
   std::string lens;
   for (size_t b = 0; b < s.len_q.size(); ++b)
     lens += (b ? "," : "") + std::to_string(s.len_q[b]) + "/" + std::to_string(s.len_kv[b]);
-  const std::string name = s.name + " Hq" + std::to_string(s.heads_q) + "/Hkv" +
+  const std::string name = s.name + ": D " + std::to_string(s.head_dim) + ", Hq " +
+                           std::to_string(s.heads_q) + " / Hkv " +
                            std::to_string(s.heads_kv) + " q/kv " + lens;
   std::printf("-- %s (c_q %.3g, c_k %.3g, c_v %.3g)\n", name.c_str(), in.q.c, in.k.c, in.v.c);
   const Result fp8 = run_fp8(in, nullptr);
@@ -544,22 +591,22 @@ void check_shape(const Shape& s) {
   Bf16Run bf16(in);
   bf16.attend();
   const Result b16 = bf16.result();
-  report("  dense: fp8 kernel vs CPU FP8 reference", errors(fp8, ref8, s.heads_q, in.total_q),
+  report("  dense: fp8 kernel vs CPU FP8 reference", errors(fp8, ref8, in),
          kFp8Tolerance);
   report("  dense: fp8 kernel vs float32 on dequantized inputs",
-         errors(fp8, exact, s.heads_q, in.total_q), kExactTolerance);
+         errors(fp8, exact, in), kExactTolerance);
   report("  dense: CPU FP8 reference vs float32 (for scale)",
-         errors(ref8, exact, s.heads_q, in.total_q), kExactTolerance, false);
+         errors(ref8, exact, in), kExactTolerance, false);
   report("  dense: bf16 library vs float32 (for scale)",
-         errors(b16, exact, s.heads_q, in.total_q), kExactTolerance, false);
+         errors(b16, exact, in), kExactTolerance, false);
   // Sparse mode over a random index of 30 % of the causal tiles, against both references on
   // the same index.
   const Csr csr = random_csr(s, 0.3);
   const Result sparse = run_fp8(in, &csr);
   report("  sparse 30 %: fp8 kernel vs CPU FP8 reference",
-         errors(sparse, cpu_fp8(in, &csr), s.heads_q, in.total_q), kFp8Tolerance);
+         errors(sparse, cpu_fp8(in, &csr), in), kFp8Tolerance);
   report("  sparse 30 %: fp8 kernel vs float32, same index",
-         errors(sparse, cpu_exact(in, &csr), s.heads_q, in.total_q), kExactTolerance);
+         errors(sparse, cpu_exact(in, &csr), in), kExactTolerance);
 }
 
 // ---- Timing -----------------------------------------------------------------------------------
@@ -575,7 +622,7 @@ double median_ms(int reps, Launch&& launch) {
     CUDA_OK(cudaEventRecord(start));
     launch();
     CUDA_OK(cudaEventRecord(stop));
-    CUDA_OK(cudaEventSynchronize(stop));
+    finish("a timed launch");
     CUDA_OK(cudaEventElapsedTime(&t, start, stop));
   }
   CUDA_OK(cudaEventDestroy(start));
@@ -587,11 +634,11 @@ double median_ms(int reps, Launch&& launch) {
 // Float64 attention for a few (token, query head) rows on the dequantized inputs: the 32K case's
 // reference, where the CPU's full attention would take minutes.
 Result sampled_exact(const Inputs& in, const std::vector<int64_t>& rows) {
-  const int hq = in.shape.heads_q, g = hq / in.shape.heads_kv;
+  const int hq = in.shape.heads_q, g = hq / in.shape.heads_kv, D = in.shape.head_dim;
   Result r;
-  r.out.assign(size_t(in.total_q) * hq * kD, 0.f);
+  r.out.assign(size_t(in.total_q) * hq * D, 0.f);
   r.lse.assign(size_t(in.total_q) * hq, 0.f);
-  std::vector<double> s, acc(kD);
+  std::vector<double> s, acc(D);
   for (int64_t row : rows) {
     const int64_t token = row / hq;
     const int head = int(row % hq), kv_head = head / g;
@@ -601,10 +648,10 @@ Result sampled_exact(const Inputs& in, const std::vector<int64_t>& rows) {
     double mx = -INFINITY;
     for (int64_t j = 0; j < keys; ++j) {
       double dot = 0;
-      for (int d = 0; d < kD; ++d)
-        dot += double(in.q.value(size_t(row) * kD + d)) *
-               in.k.value((size_t(j) * in.shape.heads_kv + kv_head) * kD + d);
-      s[size_t(j)] = dot * softmax_scale();
+      for (int d = 0; d < D; ++d)
+        dot += double(in.q.value(size_t(row) * D + d)) *
+               in.k.value((size_t(j) * in.shape.heads_kv + kv_head) * D + d);
+      s[size_t(j)] = dot * softmax_scale(D);
       mx = std::max(mx, s[size_t(j)]);
     }
     double l = 0;
@@ -612,10 +659,10 @@ Result sampled_exact(const Inputs& in, const std::vector<int64_t>& rows) {
     for (int64_t j = 0; j < keys; ++j) {
       const double w = std::exp(s[size_t(j)] - mx);
       l += w;
-      for (int d = 0; d < kD; ++d)
-        acc[size_t(d)] += w * in.v.value((size_t(j) * in.shape.heads_kv + kv_head) * kD + d);
+      for (int d = 0; d < D; ++d)
+        acc[size_t(d)] += w * in.v.value((size_t(j) * in.shape.heads_kv + kv_head) * D + d);
     }
-    for (int d = 0; d < kD; ++d) r.out[size_t(row) * kD + d] = float(acc[size_t(d)] / l);
+    for (int d = 0; d < D; ++d) r.out[size_t(row) * D + d] = float(acc[size_t(d)] / l);
     r.lse[size_t(head) * size_t(in.total_q) + size_t(token)] = float(mx + std::log(l));
   }
   return r;
@@ -626,7 +673,7 @@ void time_shape(const Shape& s, int reps) {
   const double flops = causal_flops(in);
   std::printf("-- timing %s: B 1, Hq %d, Hkv %d, D %d, L %d, causal, %.3g TFLOP per call; median "
               "of %d\n",
-              s.name.c_str(), s.heads_q, s.heads_kv, kD, s.len_q[0], flops * 1e-12, reps);
+              s.name.c_str(), s.heads_q, s.heads_kv, s.head_dim, s.len_q[0], flops * 1e-12, reps);
   Fp8Run fp8(in);
   CUDA_OK(cudaMemset(fp8.out.ptr, 0xFF, fp8.out.count * 2));
   CUDA_OK(cudaMemset(fp8.lse.ptr, 0xFF, fp8.lse.count * 4));
@@ -648,9 +695,9 @@ void time_shape(const Shape& s, int reps) {
   for (int i = 0; i < 12; ++i) rows.push_back(any_row(rng));
   for (int i = 1; i <= 4; ++i) rows.push_back(in.total_q * s.heads_q - i * 7);  // longest rows
   const Result exact = sampled_exact(in, rows);
-  report("  fp8 kernel vs float64, 16 sampled rows", errors(got, exact, s.heads_q, in.total_q, rows),
+  report("  fp8 kernel vs float64, 16 sampled rows", errors(got, exact, in, rows),
          kExactTolerance);
-  report("  bf16 library vs float64, same rows", errors(b16, exact, s.heads_q, in.total_q, rows),
+  report("  bf16 library vs float64, same rows", errors(b16, exact, in, rows),
          kExactTolerance, false);
   const auto tflops = [&](double ms) { return flops / (ms * 1e-3) * 1e-12; };
   std::printf("      fp8 attention kernel     %8.3f ms  %6.1f TFLOP/s\n", fp8_ms, tflops(fp8_ms));
@@ -668,21 +715,23 @@ int main(int argc, char** argv) {
   uint64_t seed = 0;
   if (!start_check(argc, argv, seed)) return 2;
   rng.seed(seed);
-  std::printf("e4m3 attention kernel (dense, causal, D %d, per-tensor descales), seed %llu\n", kD,
+  std::printf("e4m3 attention kernel (causal, per-tensor descales), seed %llu\n",
               static_cast<unsigned long long>(seed));
   std::printf("tolerances: relative L2 %.0e against the CPU FP8 reference, %.0e against float32 "
               "attention on the dequantized inputs, LSE %.0e absolute (docs/ALGORITHM.md)\n",
               kFp8Tolerance, kExactTolerance, kLseTolerance);
   const std::vector<Shape> shapes = {
-      {"one tile", 8, 2, {1}, {1}},
-      {"varlen", 8, 2, {777, 2048}, {777, 2048}},
-      {"varlen, cached prefixes", 8, 2, {300, 1000}, {1500, 1064}},
-      {"g = 3 (Q by cp.async)", 6, 2, {1000, 65}, {1000, 65}},
-      {"g = 1", 4, 4, {129, 513}, {129, 513}},
-      {"L 4K", 8, 2, {4096}, {4096}},
+      {"one tile", 128, 8, 2, {1}, {1}},
+      {"varlen", 128, 8, 2, {777, 2048}, {777, 2048}},
+      {"varlen, cached prefixes", 128, 8, 2, {300, 1000}, {1500, 1064}},
+      {"g = 3 (Q by cp.async)", 128, 6, 2, {1000, 65}, {1000, 65}},
+      {"g = 1", 128, 4, 4, {129, 513}, {129, 513}},
+      {"L 4K", 128, 8, 2, {4096}, {4096}},
+      {"D 64 varlen", 64, 8, 2, {1000, 300}, {1000, 700}},
+      {"D 64 L 4K", 64, 8, 2, {4096}, {4096}},
   };
   for (const Shape& s : shapes) check_shape(s);
-  time_shape({"32K", 32, 8, {32768}, {32768}}, 10);
+  time_shape({"32K", 128, 32, 8, {32768}, {32768}}, 10);
   std::printf("%s: %d of %d checks passed\n", failures ? "FAIL" : "PASS", checks - failures,
               checks);
   return failures ? 1 : 0;

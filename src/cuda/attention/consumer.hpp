@@ -134,9 +134,8 @@ struct Consumer {
       if (lower_half) wgmma<false, true, true>(mma_pv, tOrP, tOrVt(_, _, _, buffer), tOrO);
       else wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, buffer), tOrO);
     };
-    OnlineSoftmax softmax(p.scale_log2);
-    constexpr bool kE4m3 = Traits::kFp8;
-    auto to_p = [&]() {
+    // P from the probabilities in tSrS; e4m3 adds the rounded ones to the softmax's row sums.
+    auto to_p = [&](OnlineSoftmax& softmax) {
       if constexpr (Traits::kFp8) {
         float sums[2] = {0.f, 0.f};
         convert_p_e4m3(tSrS, reinterpret_cast<uint32_t*>(raw_pointer_cast(rP.data())), sums);
@@ -155,8 +154,10 @@ struct Consumer {
     // each warpgroup overwrites its 64 rows of it once its last P V has landed and the other
     // warpgroup's last S = Q K^T, which read all of it, has too (a named barrier per parity of
     // q_phase, so a warpgroup that runs ahead into the next item cannot pass it twice).
-    // (e4m3: it does not fit, and the tile goes out directly.)
-    const bool staged = Traits::kStagedStore && staged_store(p);
+    // (e4m3: it does not fit, and the tile goes out directly. Written as `kStagedStore &&
+    // staged_store(p)`, the 16-bit kernels' PTX changed.)
+    bool staged = false;
+    if constexpr (Traits::kStagedStore) staged = staged_store(p);
     const int staging_barrier = kStagingBarrier + 2 * int(q_phase);
     auto last_qk_landed = [&] {
       release_q();
@@ -164,6 +165,8 @@ struct Consumer {
     };
 
     clear(tOrO);
+    OnlineSoftmax softmax(p.scale_log2);
+    constexpr bool kE4m3 = Traits::kFp8;
     float factors[2];
     float lse[2];
     wait_ordered(p.q_tma ? ss.q_loaded : ss.q_copied, q_phase);
@@ -192,7 +195,7 @@ struct Consumer {
         if (info.last) last_qk_landed();
         to_logits(cur.index, info);
         softmax.update<kE4m3>(s, factors);
-        to_p();
+        to_p(softmax);
       };
       // Stages 1 ... last (Eq. 14); on entry P_{n-1} is in registers and prev its buffer.
       auto stage_loop = [&]() __attribute__((always_inline)) {
@@ -210,7 +213,7 @@ struct Consumer {
           softmax.update<kE4m3>(s, factors);
           warpgroup_wait<0>();
           release(prev);
-          to_p();
+          to_p(softmax);
           prev = cur.index;
           prev_one_tile = one_tile(info);
         }

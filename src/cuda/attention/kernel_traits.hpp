@@ -39,7 +39,7 @@ struct KernelTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPaged = kLayout != KvLayout::kContiguous;
   static constexpr bool kRuns = kLayout == KvLayout::kPagedRuns;
-  static_assert(!kFp8 || (!kPaged && kHeadDim == 128), "e4m3: contiguous KV, head dim 128");
+  static_assert(!kFp8 || !kPaged, "e4m3: contiguous KV only so far");
   static constexpr int kBlockM = kTileRows;   // PackGQA rows per query tile
   static constexpr int kTilesPerStage = 2;
   static constexpr int kBlockN = kTilesPerStage * kKvTile;  // keys per stage
@@ -76,25 +76,28 @@ struct KernelTraits {
                            GMMA::Major::K, kMajorVt>(),
       AtomLayout{}));
 
-  using SmemLayoutQ = decltype(tile_to_shape(
-      GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutK = decltype(tile_to_shape(
-      GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+  // Q and K rows (head dim contiguous) in 128-byte swizzle rows, or 64-byte ones where a row is
+  // 64 bytes (e4m3, D = 64).
+  static constexpr int kRowBytes = kHeadDim * int(sizeof(Element));
+  using AtomQK = std::conditional_t<kRowBytes % 128 == 0, GMMA::Layout_K_SW128_Atom<Element>,
+                                    GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemLayoutQ = decltype(tile_to_shape(AtomQK{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(AtomQK{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
   // Keys before head-dim halves (Step<_2, _1, _3>): each 64-wide half of the head dimension holds
   // the stage's keys as consecutive swizzled 128-byte rows, exactly as in SmemLayoutK, so one
   // 64 x 64 TMA box (or 64 cp.async rows) fills a KV tile's half of either operand.
   // e4m3: keys contiguous in 64-byte swizzle rows, head-dim rows first (the atom's default
   // order), so each KV tile's half is one contiguous 64-key x kHeadDim block: one TMA box of
   // the transposed V.
-  using SmemLayoutVt16 = decltype(tile_to_shape(
-      GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
-      Step<_2, _1, _3>{}));
-  using SmemLayoutVt8 = decltype(tile_to_shape(
-      GMMA::Layout_K_SW64_Atom<Element>{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}));
-  using SmemLayoutVt = std::conditional_t<kFp8, SmemLayoutVt8, SmemLayoutVt16>;
-  // TMA box: 64 keys x one 128-byte swizzle row of head-dim elements (64 of 16 bits = 8 KB); a
-  // KV tile is kHeadDim / kBoxCols boxes per operand.
-  static constexpr int kBoxCols = 128 / int(sizeof(Element));
+  using AtomVt = std::conditional_t<kFp8, GMMA::Layout_K_SW64_Atom<Element>,
+                                    GMMA::Layout_MN_SW128_Atom<Element>>;
+  using StepVt = std::conditional_t<kFp8, Step<_1, _2, _3>, Step<_2, _1, _3>>;
+  using SmemLayoutVt = decltype(tile_to_shape(
+      AtomVt{}, Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{}, StepVt{}));
+  // TMA box: 64 keys x one swizzle row of head-dim elements (64 of 16 bits = 8 KB; e4m3, 128 or,
+  // at D = 64, 64); a KV tile is kHeadDim / kBoxCols boxes per operand.
+  static constexpr int kBoxCols = kRowBytes < 128 ? kHeadDim : 128 / int(sizeof(Element));
   static constexpr uint32_t kTileTmaBytes = uint32_t(2 * kKvTile * kHeadDim * sizeof(Element));
   static constexpr uint32_t kQTmaBytes = uint32_t(kBlockM * kHeadDim * sizeof(Element));
 

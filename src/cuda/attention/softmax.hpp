@@ -97,15 +97,16 @@ struct OnlineSoftmax {
       const float sum = quad_allreduce(row_sum[m], [](float a, float b) { return a + b; });
       // sum >= 1 for a row with any key (its maximum contributes exp2(0)), so the fast
       // reciprocal and logarithm (MUFU, no slow paths) are within a few ulp.
-      float inv, log2_sum;
+      float inv;
       if constexpr (kE4m3) {
         inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
-        log2_sum = __log2f(sum) - kFp8ProbabilityOffsetLog2;
+        lse[m] = sum > 0.f
+                     ? (row_max[m] * scale_log2 + __log2f(sum) - kFp8ProbabilityOffsetLog2) * kLn2
+                     : -INFINITY;
       } else {
         inv = sum > 0.f ? __fdividef(1.f, sum) : 0.f;
-        log2_sum = __log2f(sum);
+        lse[m] = sum > 0.f ? (row_max[m] * scale_log2 + __log2f(sum)) * kLn2 : -INFINITY;
       }
-      lse[m] = sum > 0.f ? (row_max[m] * scale_log2 + log2_sum) * kLn2 : -INFINITY;
       CUTE_UNROLL
       for (int n = 0; n < size<1>(o); ++n) o(m, n) *= inv;
     }
