@@ -19,28 +19,11 @@
 
 #include "core/geometry.hpp"
 #include "flashprefill/flashprefill.h"
+#include "gpu_check.hpp"
 
 namespace {
 
 using flashprefill::SeqGeometry;
-
-#define CUDA_OK(call)                                                                    \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));    \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
-#define FP_OK_OR_DIE(call)                                                               \
-  do {                                                                                   \
-    fp_status s_ = (call);                                                               \
-    if (s_ != FP_OK) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, fp_status_string(s_),   \
-                   fp_last_error_message());                                             \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
 
 constexpr double kTolerance = 1e-2;  // relative L2, docs/ALGORITHM.md
 constexpr double kLseTolerance = 2e-2;
@@ -69,33 +52,6 @@ float from_half_bits(uint16_t h, fp_dtype dt) {
   std::memcpy(&b, &h, 2);
   return __half2float(b);
 }
-
-template <class T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n = 0) { resize(n); }
-  void resize(size_t n) {
-    if (ptr) CUDA_OK(cudaFree(ptr));
-    ptr = nullptr;
-    count = n;
-    if (n) CUDA_OK(cudaMalloc(&ptr, n * sizeof(T)));
-  }
-  void upload(const std::vector<T>& h) {
-    resize(h.size());
-    if (count) CUDA_OK(cudaMemcpy(ptr, h.data(), count * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> h(count);
-    if (count) CUDA_OK(cudaMemcpy(h.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 struct Geometry {
   std::string name;
@@ -677,12 +633,8 @@ Geometry geometry(std::string name, fp_dtype dt, int D, int hq, int hkv, std::ve
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  if (!fp_cuda_available()) {
-    std::printf("no usable sm_90 device\n");
-    return 2;
-  }
-  const uint64_t seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : std::random_device{}();
+  uint64_t seed = 0;
+  if (!start_check(argc, argv, seed)) return 2;
   rng.seed(seed);
   std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
   const bool small_only = argc > 2 && std::strcmp(argv[2], "small") == 0;

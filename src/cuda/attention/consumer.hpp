@@ -13,6 +13,7 @@
 
 #include "cuda/attention/barriers.hpp"
 #include "cuda/attention/epilogue.hpp"
+#include "cuda/attention/fp8.hpp"
 #include "cuda/attention/kernel_traits.hpp"
 #include "cuda/attention/mask.hpp"
 #include "cuda/attention/mean_correction.hpp"
@@ -72,7 +73,7 @@ struct Consumer {
         mma_qk, Shape<Int<Traits::kBlockM>, Int<Traits::kBlockN>>{});
     Tensor tOrO = partition_fragment_C(
         mma_pv, Shape<Int<Traits::kBlockM>, Int<Traits::kHeadDim>>{});
-    Tensor rP = make_fragment_like<Element>(tSrS);
+    Tensor rP = make_fragment_like<Element>(tSrS);  // e4m3: filled a 32-bit word at a time
     Tensor tOrP = make_tensor(rP.data(), typename Traits::LayoutP{});
     static_assert(size(typename Traits::LayoutP{}) == decltype(size(tSrS))::value);
 
@@ -133,9 +134,16 @@ struct Consumer {
       if (lower_half) wgmma<false, true, true>(mma_pv, tOrP, tOrVt(_, _, _, buffer), tOrO);
       else wgmma<false, true>(mma_pv, tOrP, tOrVt(_, _, _, buffer), tOrO);
     };
-    auto to_p = [&]() {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) rP(i) = Element(tSrS(i));
+    // P from the probabilities in tSrS; e4m3 adds the rounded ones to the softmax's row sums.
+    auto to_p = [&](OnlineSoftmax& softmax) {
+      if constexpr (Traits::kFp8) {
+        float sums[2] = {0.f, 0.f};
+        convert_p_e4m3(tSrS, reinterpret_cast<uint32_t*>(raw_pointer_cast(rP.data())), sums);
+        softmax.add_rounded(sums);
+      } else {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) rP(i) = Element(tSrS(i));
+      }
     };
     // Turns: wait for the other warpgroup's wgmmas to be issued, then hand the turn back.
     const int wg = thread / 128;
@@ -146,9 +154,10 @@ struct Consumer {
     // each warpgroup overwrites its 64 rows of it once its last P V has landed and the other
     // warpgroup's last S = Q K^T, which read all of it, has too (a named barrier per parity of
     // q_phase, so a warpgroup that runs ahead into the next item cannot pass it twice).
-    static_assert(Traits::kBlockM * sizeof(ElementOut) <= Traits::kBlockN * sizeof(Element),
-                  "the finished tile fits in a stage's K half");
-    const bool staged = staged_store(p);
+    // (e4m3: it does not fit, and the tile goes out directly. Written as `kStagedStore &&
+    // staged_store(p)`, the 16-bit kernels' PTX changed.)
+    bool staged = false;
+    if constexpr (Traits::kStagedStore) staged = staged_store(p);
     const int staging_barrier = kStagingBarrier + 2 * int(q_phase);
     auto last_qk_landed = [&] {
       release_q();
@@ -157,6 +166,7 @@ struct Consumer {
 
     clear(tOrO);
     OnlineSoftmax softmax(p.scale_log2);
+    constexpr bool kE4m3 = Traits::kFp8;
     float factors[2];
     float lse[2];
     wait_ordered(p.q_tma ? ss.q_loaded : ss.q_copied, q_phase);
@@ -166,7 +176,7 @@ struct Consumer {
       release(cur.index);
       release_q();
       cur.advance();
-      softmax.finalize(o, lse);
+      softmax.finalize<kE4m3>(o, lse, p.v_descale);
       store_tile<ElementOut, Traits::kHeadDim>(p, w, o, o_coord, lse);
     } else {
       int prev = cur.index;
@@ -184,8 +194,8 @@ struct Consumer {
         warpgroup_wait<0>();
         if (info.last) last_qk_landed();
         to_logits(cur.index, info);
-        softmax.update(s, factors);
-        to_p();
+        softmax.update<kE4m3>(s, factors);
+        to_p(softmax);
       };
       // Stages 1 ... last (Eq. 14); on entry P_{n-1} is in registers and prev its buffer.
       auto stage_loop = [&]() __attribute__((always_inline)) {
@@ -200,10 +210,10 @@ struct Consumer {
           warpgroup_wait<1>();  // S_n landed; P_{n-1} V_{n-1} may still run
           if (info.last) last_qk_landed();
           to_logits(cur.index, info);
-          softmax.update(s, factors);
+          softmax.update<kE4m3>(s, factors);
           warpgroup_wait<0>();
           release(prev);
-          to_p();
+          to_p(softmax);
           prev = cur.index;
           prev_one_tile = one_tile(info);
         }
@@ -216,7 +226,7 @@ struct Consumer {
         OnlineSoftmax::rescale(o, factors);
         issue_pv(prev, prev_one_tile);
         warpgroup_wait<0>();
-        softmax.finalize(o, lse);
+        softmax.finalize<kE4m3>(o, lse, p.v_descale);
         if (staged) {
           named_sync<Traits::kConsumerThreads>(staging_barrier + wg);
           char* staging = reinterpret_cast<char*>(&sK(0, 0, prev)) +

@@ -28,7 +28,13 @@ struct KvLoader {
 
   __device__ PagedKv<Traits> paged() const { return PagedKv<Traits>{p, w, thread}; }
 
-  __device__ bool tma_tile(int32_t t) const { return tile_by_tma(p, w.seq.len_kv, t); }
+  // e4m3 KV: every tile, the request's partial last one too (its keys past the request are
+  // masked, and the transposed V is zero there: transpose_v.cuh), so that no stage is written
+  // by cp.async, whose 16-byte rows do not fit the keys-contiguous V^T.
+  __device__ bool tma_tile(int32_t t) const {
+    if constexpr (Traits::kFp8) return true;
+    return tile_by_tma(p, w.seq.len_kv, t);
+  }
 
   // Row of the TMA maps where full KV tile t starts: the request's first row plus 64 t, or,
   // paged, PagedKv::tma_row.
@@ -41,15 +47,20 @@ struct KvLoader {
   }
 
   // KV tile t (from map row `row`, tma_row) by TMA into rows [64 half, 64 half + 64) of stage
-  // `stage`, kHeadDim / kBoxCols boxes per operand; issued by one thread.
+  // `stage`, kHeadDim / kBoxCols boxes per operand; issued by one thread. e4m3: V^T in one box
+  // of the transposed V's map (keys, D, Hkv), where request b's keys start 64 b rows further
+  // than in K (transpose_v.cuh).
   template <class SmemK, class SmemVt>
   __device__ void tma_kv_tile(SmemK& sK, SmemVt& sVt, int32_t row, int half, int stage,
                               uint64_t* bar) const {
     CUTE_UNROLL
     for (int c = 0; c < Traits::kHeadDim; c += Traits::kBoxCols) {
       tma_load_3d(&sK(half * kKvTile, c, stage), &p.tma_k, bar, c, w.h, row);
-      tma_load_3d(&sVt(c, half * kKvTile, stage), &p.tma_v, bar, c, w.h, row);
+      if constexpr (!Traits::kFp8)
+        tma_load_3d(&sVt(c, half * kKvTile, stage), &p.tma_v, bar, c, w.h, row);
     }
+    if constexpr (Traits::kFp8)
+      tma_load_3d(&sVt(0, half * kKvTile, stage), &p.tma_v, bar, row + kKvTile * w.b, 0, w.h);
   }
 
   // KV tiles t and t + 1 (from map row `row` of tile t; paged, rows back to back) by TMA into

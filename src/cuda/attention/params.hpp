@@ -125,6 +125,10 @@ struct AttentionParams {
   // and KV head (fp_prefill's query-tile ranges; 0 and max_q_tiles for the whole problem). The
   // CSR numbers their segments (b Hkv + h) range_tiles + I - tile_begin.
   int32_t tile_begin = 0, range_tiles = 0;
+
+  // e4m3 operands (Eq. 15): c_v, the factor of the output (c_q c_k is folded into scale_log2).
+  // For them v and tma_v hold the transposed V of transpose_v.cuh. Per tensor so far.
+  float v_descale = 1.f;
 };
 
 }  // namespace flashprefill::cuda::attention

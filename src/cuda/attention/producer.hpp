@@ -139,8 +139,9 @@ struct Producer {
           // the tiles of one selected block) come in one box per operand, the lower tile first.
           const int32_t lo = stage.tile0 < stage.tile1 ? stage.tile0 : stage.tile1;
           // Paged, thread 0 decides below, once it knows the tiles' rows.
+          // (e4m3: no pair maps for the transposed V.)
           const bool pair = p.tma_pair && has1 && stage.tile0 + stage.tile1 == 2 * lo + 1 &&
-                            !Traits::kPaged;
+                            !Traits::kPaged && !Traits::kFp8;
           if (pair) {
             info.tile0 = lo;
             info.tile1 = lo + 1;

@@ -8,6 +8,7 @@
 #include <cute/tensor.hpp>
 
 #include "cuda/ptx.cuh"  // fast_exp2
+#include "cuda/attention/fp8.hpp"  // kFp8ProbabilityOffsetLog2
 
 namespace flashprefill::cuda::attention {
 
@@ -37,7 +38,9 @@ struct OnlineSoftmax {
 
   // Scores s (row, col) -> probabilities; returns the factor by which each output row must be
   // rescaled to the new maximum (applied by rescale once the previous P V has landed).
-  template <class Scores>
+  // kE4m3 (Eq. 15): the probabilities are 2^8 exp(S - m), and the row sums are left to
+  // add_rounded, which adds them once rounded to e4m3.
+  template <bool kE4m3 = false, class Scores>
   __device__ __forceinline__ void update(Scores& s, float (&factors)[2]) {
     using cute::size;
     CUTE_UNROLL
@@ -51,10 +54,16 @@ struct OnlineSoftmax {
       const float factor = fast_exp2(row_max[m] * scale_log2 - base);
       row_max[m] = mx;
       float sum = 0.f;
-      CUTE_UNROLL
-      for (int n = 0; n < size<1>(s); ++n) {
-        s(m, n) = fast_exp2(fmaf(s(m, n), scale_log2, -base));
-        sum += s(m, n);
+      if constexpr (kE4m3) {
+        const float shifted = kFp8ProbabilityOffsetLog2 - base;
+        CUTE_UNROLL
+        for (int n = 0; n < size<1>(s); ++n) s(m, n) = fast_exp2(fmaf(s(m, n), scale_log2, shifted));
+      } else {
+        CUTE_UNROLL
+        for (int n = 0; n < size<1>(s); ++n) {
+          s(m, n) = fast_exp2(fmaf(s(m, n), scale_log2, -base));
+          sum += s(m, n);
+        }
       }
       row_sum[m] = row_sum[m] * factor + sum;
       factors[m] = factor;
@@ -71,9 +80,16 @@ struct OnlineSoftmax {
     }
   }
 
+  // kE4m3: this thread's sums of the stage's rounded probabilities P~, per row.
+  __device__ __forceinline__ void add_rounded(const float (&sums)[2]) {
+    row_sum[0] += sums[0];
+    row_sum[1] += sums[1];
+  }
+
   // Normalizes o and returns each row's natural-log LSE (-inf and o = 0 for a row with no key).
-  template <class Out>
-  __device__ __forceinline__ void finalize(Out& o, float (&lse)[2]) {
+  // kE4m3: o also takes the factor out_scale (c_v), and the LSE loses the 2^8 offset.
+  template <bool kE4m3 = false, class Out>
+  __device__ __forceinline__ void finalize(Out& o, float (&lse)[2], float out_scale = 1.f) {
     using cute::size;
     constexpr float kLn2 = 0.69314718055994531f;
     CUTE_UNROLL
@@ -81,8 +97,16 @@ struct OnlineSoftmax {
       const float sum = quad_allreduce(row_sum[m], [](float a, float b) { return a + b; });
       // sum >= 1 for a row with any key (its maximum contributes exp2(0)), so the fast
       // reciprocal and logarithm (MUFU, no slow paths) are within a few ulp.
-      const float inv = sum > 0.f ? __fdividef(1.f, sum) : 0.f;
-      lse[m] = sum > 0.f ? (row_max[m] * scale_log2 + __log2f(sum)) * kLn2 : -INFINITY;
+      float inv;
+      if constexpr (kE4m3) {
+        inv = sum > 0.f ? __fdividef(out_scale, sum) : 0.f;
+        lse[m] = sum > 0.f
+                     ? (row_max[m] * scale_log2 + __log2f(sum) - kFp8ProbabilityOffsetLog2) * kLn2
+                     : -INFINITY;
+      } else {
+        inv = sum > 0.f ? __fdividef(1.f, sum) : 0.f;
+        lse[m] = sum > 0.f ? (row_max[m] * scale_log2 + __log2f(sum)) * kLn2 : -INFINITY;
+      }
       CUTE_UNROLL
       for (int n = 0; n < size<1>(o); ++n) o(m, n) *= inv;
     }

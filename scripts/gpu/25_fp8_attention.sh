@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The e4m3 attention kernel on a GPU machine: builds fp_gpu_fp8_check if the build folder lacks
+# it, runs it (the kernel against the CPU FP8 reference and float32 attention, dense and sparse,
+# D = 64 and 128, then the 32K timing beside bf16 dense), and compute-sanitizer on its small
+# cases. The C ABI does not reach the FP8 kernel yet: the check launches it itself.
+# Usage: bash scripts/gpu/25_fp8_attention.sh [build-dir]; logs go to $OUT (or /tmp).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=scripts/lib/sanitize.sh
+. scripts/lib/sanitize.sh
+# shellcheck source=scripts/lib/budget.sh
+. scripts/lib/budget.sh
+BUILD_DIR=${1:-build}
+LOG_DIR=${OUT:-/tmp}
+CHECK_LIMIT=${CHECK_LIMIT:-180}
+SANITIZER_LIMIT=${SANITIZER_LIMIT:-150}
+SANITIZER_RESERVE=120
+SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}
+
+if [ ! -x "$BUILD_DIR/fp_gpu_fp8_check" ]; then
+  echo "25_fp8_attention: building in $BUILD_DIR"
+  # CMake 3.25 knows neither the CUDA20 dialect for nvcc nor an empty architecture list.
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFP_ENABLE_CUDA=ON \
+    -DFP_BUILD_TESTS=OFF -DCMAKE_CUDA_ARCHITECTURES=OFF \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 \
+    -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 >/dev/null || exit 1
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target fp_gpu_fp8_check || exit 1
+fi
+
+status=0
+timeout "$(step_limit "$CHECK_LIMIT" 150)" "$BUILD_DIR/fp_gpu_fp8_check" 2>&1 |
+  tee "$LOG_DIR/fp8_attention_check.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 0 ] || status=1
+if [ "$rc" -eq 124 ]; then
+  echo "25_fp8_attention: the check timed out (a hang?); skipping the sanitizer"
+  exit 1
+fi
+run_sanitizers fp8_attention "$BUILD_DIR/fp_gpu_fp8_check" 1 small || status=1
+
+echo "== fp8 attention check =="
+grep -E "FAIL|PASS|TFLOP/s|x \(with" "$LOG_DIR/fp8_attention_check.log" | tail -n 60
+cat "$LOG_DIR/fp8_attention_sanitizer.log"
+exit $status

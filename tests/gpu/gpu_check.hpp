@@ -1,0 +1,69 @@
+// What the GPU checks share: exiting on a CUDA or library error, and an owning device buffer.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "flashprefill/flashprefill.h"
+
+#define CUDA_OK(call)                                                                    \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));    \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+#define FP_OK_OR_DIE(call)                                                               \
+  do {                                                                                   \
+    fp_status s_ = (call);                                                               \
+    if (s_ != FP_OK) {                                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, fp_status_string(s_),   \
+                   fp_last_error_message());                                             \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceBuffer(size_t n = 0) { resize(n); }
+  void resize(size_t n) {
+    if (ptr) CUDA_OK(cudaFree(ptr));
+    ptr = nullptr;
+    count = n;
+    if (n) CUDA_OK(cudaMalloc(&ptr, n * sizeof(T)));
+  }
+  void upload(const std::vector<T>& h) {
+    resize(h.size());
+    if (count) CUDA_OK(cudaMemcpy(ptr, h.data(), count * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(count);
+    if (count) CUDA_OK(cudaMemcpy(h.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  ~DeviceBuffer() {
+    if (ptr) cudaFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+// The start of a GPU check: line-buffered output, a usable sm_90 device (false, said, without
+// one) and the seed, argv[1] or a fresh one.
+inline bool start_check(int argc, char** argv, uint64_t& seed) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (!fp_cuda_available()) {
+    std::printf("no usable sm_90 device\n");
+    return false;
+  }
+  seed = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : std::random_device{}();
+  return true;
+}
