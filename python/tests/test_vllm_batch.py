@@ -39,6 +39,8 @@ class Forward:
         lens_q = [lq for lq, _ in requests]
         lens_kv = [lk for _, lk in requests]
         q, k, v = structured_qkv(rng, sum(lens_q), sum(lens_kv), HQ, HKV, D)
+        # the truth is the inputs as the library reads them: rounded to the cache's dtype
+        q, k, v = (torch.from_numpy(a).to(dtype).to(torch.float32).numpy() for a in (q, k, v))
         self.q_np, self.k_np, self.v_np = q, k, v
         self.lens_q, self.lens_kv = lens_q, lens_kv
         self.dtype, self.device = dtype, device
