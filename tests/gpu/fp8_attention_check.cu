@@ -353,7 +353,9 @@ struct Fp8Run {
     constexpr attn::KvLayout kContiguous = attn::KvLayout::kContiguous;
     auto* launch = D == 128 ? &attn::launch_attention<E4m3, 128, kContiguous>
                             : &attn::launch_attention<E4m3, 64, kContiguous>;
-    CUDA_OK(attn::launch_prepare_schedule(p, schedule.ptr, stream));
+    p.work_counter = schedule.ptr;
+    p.tile_prefix = schedule.ptr + 1;
+    CUDA_OK(attn::launch_prepare_schedule(p, stream));
     CUDA_OK(launch(p, stream));
   }
 };
