@@ -143,8 +143,11 @@ def precision_table(records):
         cells = []
         for kinds in (("text",), KINDS):
             part = [r for r in rs if r["kind"] in kinds]
-            top1, kl, _ = pooled(part) if part else (float("nan"),) * 3
-            cells += [f"{100 * top1:.2f} %", f"{kl:.2e}"]
+            if part:
+                top1, kl, _ = pooled(part)
+                cells += [f"{100 * top1:.2f} %", f"{kl:.2e}"]
+            else:
+                cells += ["–", "–"]
         needles = [r for r in rs if r["kind"] != "text" and (length, r["prompt"]) in dense]
         answered = (f"{sum(r['correct'] for r in needles)} / {len(needles)} "
                     f"({sum(dense[(length, r['prompt'])] for r in needles)})" if needles else "")

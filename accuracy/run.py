@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     p.add_argument("--needles", type=int, default=108, help="needle prompts per length")
     p.add_argument("--windows", type=int, default=2, help="text windows per text and length")
+    p.add_argument("--needle-kinds", nargs="+", choices=tasks.KINDS, default=list(tasks.KINDS),
+                   help="run only the needles of these kinds (among the first --needles)")
     p.add_argument("--texts", nargs="+", default=["kjv", "code"], help="texts of the windows")
     p.add_argument("--alphas", type=float, nargs="*", default=[0.1],
                    help="flashprefill configurations (0: every block, the library's floor)")
@@ -153,7 +155,8 @@ def main(argv=None):
     # still covers every length
     per_length = []
     for length in args.lengths:
-        selected = tasks.select(prompts, length, args.needles, args.windows, args.texts)
+        selected = [p for p in tasks.select(prompts, length, args.needles, args.windows, args.texts)
+                    if p.kind == "text" or p.kind in args.needle_kinds]
         if not selected:
             raise SystemExit(f"no prompts of length {length} in {args.prompts}")
         per_length.append([(length, b) for b in batches(selected, args.batch, args.mix_kinds)])
