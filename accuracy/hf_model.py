@@ -7,8 +7,9 @@ an `attn_implementation` name:
 
 - `sdpa`: transformers' own exact attention, the dense baseline.
 - `fp-<config>`: `flashprefill.hf`, the path users take (`flashprefill.hf.register`): the library's
-  prefill in every layer, its exact `dense_attention` for decode steps. A `Recorder` also runs
-  the library's index stage on the same q/k to read each layer's density.
+  prefill in every layer, its exact `dense_attention` for decode steps, in the config's precision
+  (the model's, bfloat16, or FP8 e4m3 Q/K/V quantized per tensor). A `Recorder` also runs the
+  library's index stage on the same operands to read each layer's density.
 - `tv-<rule>-<config>`: selection_variants.prefill (a rule other than the library's, torch) for
   prefill calls; decode as `fp-`.
 - `capture`: exact attention that also keeps every layer's q, k and v (breakdown.py).
@@ -76,22 +77,34 @@ def flashprefill_module():
     return flashprefill
 
 
+DTYPE_LABELS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3": "fp8"}
+
+
 @dataclasses.dataclass(frozen=True)
 class SparseConfig:
-    """One selection configuration (flashprefill.prefill's arguments)."""
+    """One selection configuration (flashprefill.prefill's arguments) and the precision attention
+    runs in (flashprefill.hf.register's dtype: None is the model's)."""
     alpha: float = 0.1
     block_size: int = 128
     mean_correction: bool = True
     sink_tokens: int = 256
     window_tokens: int = 512
     dense_recent_tiles: int = 1
+    dtype: str | None = None
 
     @property
     def label(self) -> str:
-        return f"a{self.alpha:g}-bs{self.block_size}-{'corr' if self.mean_correction else 'nocorr'}"
+        label = f"a{self.alpha:g}-bs{self.block_size}-{'corr' if self.mean_correction else 'nocorr'}"
+        return label if self.dtype is None else f"{label}-{DTYPE_LABELS[self.dtype]}"
 
     def kwargs(self) -> dict:
         return dataclasses.asdict(self)
+
+    def selection(self) -> dict:
+        """The selection arguments alone (prefill's, the variants')."""
+        out = self.kwargs()
+        del out["dtype"]
+        return out
 
 
 class Recorder:
@@ -141,18 +154,17 @@ def register_flashprefill(config: SparseConfig, recorder: Recorder | None = None
     forward = fp.hf.register(name, **config.kwargs())
     if recorder is None:
         return name
-    select = fp.SelectConfig(config.block_size, config.alpha, config.sink_tokens,
-                             config.window_tokens, config.dense_recent_tiles,
-                             config.mean_correction)
+    select = fp.SelectConfig(**config.selection())
 
     def recorded(module, query, key, value, attention_mask, *args, **kwargs):
         out = forward(module, query, key, value, attention_mask, *args, **kwargs)
         if query.shape[2] > 1 and attention_mask is None:
             q, k, v, cu_q, cu_k = _packed(query, key, value)
+            q, k, v, descales = fp.hf.operands(q, k, v, config.dtype)  # the backend's operands
             index = fp.build_index(q, k, v, config=select, softmax_scale=kwargs.get("scaling"),
                                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                    max_seqlen_q=query.shape[2], max_seqlen_k=key.shape[2],
-                                   validate_metadata=False)
+                                   validate_metadata=False, **descales)
             recorder.add(module.layer_idx, index.density())
         return out
 
@@ -167,6 +179,8 @@ def register_variant(rule: str, config: SparseConfig, recorder: Recorder | None 
 
     import selection_variants
 
+    if config.dtype is not None:
+        raise ValueError(f"the selection variants run in float32: dtype {config.dtype!r}")
     fp = flashprefill_module()
     name = f"tv-{rule}-{config.label}"
     decode = fp.hf.register(name, **config.kwargs())
@@ -180,7 +194,7 @@ def register_variant(rule: str, config: SparseConfig, recorder: Recorder | None 
             q, k, v = (t[b].transpose(0, 1).float() for t in (query, key, value))
             out, stats = selection_variants.prefill(q, k, v, softmax_scale=scaling,
                                                     return_stats=True, rule=rule,
-                                                    **config.kwargs())
+                                                    **config.selection())
             if recorder is not None:
                 recorder.add(module.layer_idx, stats["density"], stats["pair_density"])
             outs.append(out.to(query.dtype))

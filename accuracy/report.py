@@ -6,6 +6,8 @@ Needles: exact-match accuracy of dense and of each configuration on the same pro
 paired difference (configuration - dense) with Newcombe's 95 % interval for paired proportions
 (his method 10: Wilson score limits combined with the phi correlation of the pairs).
 Next-token agreement: top-1 agreement and KL(dense || sparse) pooled over the held-out positions.
+Precisions: the library's configurations in each precision of its attention (the model's,
+bfloat16, FP8 e4m3 Q/K/V) side by side, against the same exact dense run.
 Rules at equal density: each rule's top-1 agreement interpolated at the densities the paper's
 rule reached. Breakdown (breakdown.py): share of the selected tiles per rule, and where E_max is.
 """
@@ -115,6 +117,44 @@ def agreement_table(records, kinds=("text",)):
                     f"{np.mean([r['density'] for r in rs]):.3f} | "
                     f"{np.mean(pairs) if pairs else float('nan'):.3f} | {100 * top1:.2f} % | "
                     f"{kl:.2e} | {n} | {np.mean([r['wall_s'] for r in rs]):.1f} |")
+    return "\n".join(rows) + "\n"
+
+
+def attn_dtype(r):
+    """The precision of a record's attention: its attn_dtype, else the model's ("cpu (float32)")."""
+    return r.get("attn_dtype") or r["device"].rsplit("(", 1)[-1].rstrip(")")
+
+
+def precision_table(records):
+    """The library's configurations side by side per precision (model's, bfloat16, FP8): density,
+    top-1 and KL on the text windows and on the needles' haystack positions, and the needles
+    answered (dense's on the same prompts), per length, alpha and correction."""
+    rows = ["| length | alpha | correction | attention | prompts | density | top-1, text | "
+            "KL, text | top-1, haystacks | KL, haystacks | needles (dense) |",
+            "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    dense = {(r["length"], r["prompt"]): r["correct"] for r in records
+             if r["config"] == "dense" and r["kind"] != "text"}
+    groups = collections.defaultdict(list)
+    for r in records:
+        if r["backend"] == "fp":
+            groups[(r["length"], r["alpha"], r["block_size"], not r["mean_correction"],
+                    attn_dtype(r))].append(r)
+    for (length, alpha, block_size, nocorr, dtype), rs in sorted(groups.items()):
+        cells = []
+        for kinds in (("text",), KINDS):
+            part = [r for r in rs if r["kind"] in kinds]
+            if part:
+                top1, kl, _ = pooled(part)
+                cells += [f"{100 * top1:.2f} %", f"{kl:.2e}"]
+            else:
+                cells += ["–", "–"]
+        needles = [r for r in rs if r["kind"] != "text" and (length, r["prompt"]) in dense]
+        answered = (f"{sum(r['correct'] for r in needles)} / {len(needles)} "
+                    f"({sum(dense[(length, r['prompt'])] for r in needles)})" if needles else "")
+        corr = ("off" if nocorr else "on") + ("" if block_size == 128 else f", block {block_size}")
+        rows.append(f"| {length} | {alpha:g} | {corr} | {dtype} | {len(rs)} | "
+                    f"{np.mean([r['density'] for r in rs]):.3f} | " + " | ".join(cells)
+                    + f" | {answered} |")
     return "\n".join(rows) + "\n"
 
 
@@ -228,8 +268,11 @@ def main():
                   "## Next-token agreement, text windows\n", agreement_table(runs),
                   "## Next-token agreement, haystack positions of the needle prompts\n",
                   agreement_table(runs, KINDS),
-                  "## Rules at equal density (text windows)\n", equal_density_table(runs),
-                  provenance(runs)]
+                  "## Rules at equal density (text windows)\n", equal_density_table(runs)]
+        if len({attn_dtype(r) for r in runs if r["backend"] == "fp"}) > 1:
+            parts += ["## Precisions side by side (the library's configurations)\n",
+                      precision_table(runs)]
+        parts.append(provenance(runs))
         if args.plot:
             plot_frontier(runs, args.plot)
     if splits:

@@ -4,7 +4,9 @@ flashprefill (`flashprefill.hf`, every layer) and against variants of the select
 Prompts come from a pack (make_prompts.py). Per length, the prompts run in batches of equal length
 (no padding): each batch once dense, then once per sparse configuration, each run a prefill of the
 whole batch, the logits at the held-out positions and a greedy answer (dense decode, as in the
-paper). One JSON line per (prompt, configuration) is appended to --out.
+paper). A configuration is an alpha, a block size, mean correction on or off and the precision of
+the library's attention (--attn-dtypes: the model's, bfloat16, or FP8 e4m3 Q/K/V quantized per
+tensor, decode steps included). One JSON line per (prompt, configuration) is appended to --out.
 
     python3 accuracy/run.py --prompts accuracy/.pack/prompts.npz --lengths 2048 --needles 6 \\
         --windows 1 --alphas 0.1 --out accuracy/results/cpu/x.jsonl
@@ -40,11 +42,18 @@ def parse_args(argv=None):
     p.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096, 8192])
     p.add_argument("--needles", type=int, default=108, help="needle prompts per length")
     p.add_argument("--windows", type=int, default=2, help="text windows per text and length")
+    p.add_argument("--needle-kinds", nargs="+", choices=tasks.KINDS, default=list(tasks.KINDS),
+                   help="run only the needles of these kinds (among the first --needles)")
     p.add_argument("--texts", nargs="+", default=["kjv", "code"], help="texts of the windows")
     p.add_argument("--alphas", type=float, nargs="*", default=[0.1],
                    help="flashprefill configurations (0: every block, the library's floor)")
     p.add_argument("--block-sizes", type=int, nargs="+", default=[128])
     p.add_argument("--corrections", nargs="+", choices=["on", "off"], default=["on"])
+    p.add_argument("--attn-dtypes", nargs="+", default=["model"],
+                   choices=["model", *hf_model.DTYPE_LABELS],
+                   help="precisions of the library's attention (flashprefill.hf's dtype): the "
+                        "model's, or q/k/v cast to bfloat16 / float16, or float8_e4m3 (q, k, v "
+                        "quantized per tensor); each with every alpha and correction")
     p.add_argument("--rules", nargs="*", default=[],
                    help="selection_variants rules run beside the library (paper, freemax, topp, "
                         "rownorm, perhead, oracle), at --rule-alphas, correction on, block 128")
@@ -66,10 +75,12 @@ def parse_args(argv=None):
 def configurations(args, recorder):
     """[(backend, attn_implementation name, SparseConfig)] of every sparse run."""
     out = []
-    for bs, alpha, corr in itertools.product(args.block_sizes, args.alphas, args.corrections):
+    for dtype, bs, alpha, corr in itertools.product(args.attn_dtypes, args.block_sizes,
+                                                    args.alphas, args.corrections):
         if alpha == 0 and corr == "on" and "off" in args.corrections:
             continue                       # alpha 0 selects every block: nothing to correct
-        cfg = SparseConfig(alpha=alpha, block_size=bs, mean_correction=corr == "on")
+        cfg = SparseConfig(alpha=alpha, block_size=bs, mean_correction=corr == "on",
+                           dtype=None if dtype == "model" else dtype)
         out.append(("fp", hf_model.register_flashprefill(cfg, recorder), cfg))
     for rule, alpha in itertools.product(args.rules, args.rule_alphas):
         cfg = SparseConfig(alpha=alpha)
@@ -144,7 +155,8 @@ def main(argv=None):
     # still covers every length
     per_length = []
     for length in args.lengths:
-        selected = tasks.select(prompts, length, args.needles, args.windows, args.texts)
+        selected = [p for p in tasks.select(prompts, length, args.needles, args.windows, args.texts)
+                    if p.kind == "text" or p.kind in args.needle_kinds]
         if not selected:
             raise SystemExit(f"no prompts of length {length} in {args.prompts}")
         per_length.append([(length, b) for b in batches(selected, args.batch, args.mix_kinds)])
@@ -179,7 +191,8 @@ def main(argv=None):
             for p, d, s, text in zip(batch, dense_logits, logits, texts):
                 m = tasks.compare_logits(d, s, p.tokens[p.eval_rows + 1])
                 emit(_base(p, length) | dict(config=cfg.label, backend=backend,
-                                             **cfg.kwargs(), wall_s=wall, answer=text,
+                                             **cfg.kwargs(), attn_dtype=cfg.dtype or dtype,
+                                             wall_s=wall, answer=text,
                                              correct=_correct(p, text), **m, **stats))
             print(f"[{length}] {batch[0].name} +{len(batch) - 1} {attn} {wall:.1f}s/prompt "
                   f"density {stats['density']:.3f} "

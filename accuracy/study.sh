@@ -11,7 +11,7 @@ export FLASHPREFILL_LIB=${FLASHPREFILL_LIB:-build/libflashprefill.so}
 out=accuracy/results/cpu
 mkdir -p "$out"
 [ -f accuracy/.pack/prompts.npz ] || python3 accuracy/make_prompts.py
-phases=${*:-"breakdown needles rules"}
+phases=${*:-"breakdown needles rules fp8"}
 for phase in $phases; do
   case $phase in
     # which rule selects the tiles, on one KJV window a length
@@ -28,6 +28,14 @@ for phase in $phases; do
              --out "$out/rules.jsonl"
            nice -n 10 python3 accuracy/run.py --lengths 2048 --needles 0 --windows 1 --texts kjv \
              --alphas --rules paper freemax --rule-alphas 0.005 0.5 0.8 --out "$out/rules.jsonl" ;;
+    # FP8 e4m3 Q/K/V (per-tensor descales) beside bfloat16 q/k/v at the paper's alpha and at
+    # alpha 0 (each precision's floor), corrected and not, on the KJV window and the first three
+    # needles, one prompt a batch; the model's float32 beside them on the window
+    fp8) nice -n 10 python3 accuracy/run.py --lengths 2048 --needles 3 --windows 1 --texts kjv \
+           --alphas 0.1 0 --corrections on off --attn-dtypes float8_e4m3 bfloat16 \
+           --time-budget "${FP8_BUDGET:-4200}" --out "$out/fp8.jsonl"
+         nice -n 10 python3 accuracy/run.py --lengths 2048 --needles 0 --windows 1 --texts kjv \
+           --alphas 0.1 --corrections on off --out "$out/fp8-float32.jsonl" ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
 done

@@ -157,3 +157,25 @@ def test_paired_interval():
     other = rng.random(200) < 0.6
     diff, lo, hi = report.paired_difference(other, dense)
     assert 0.15 < hi - lo < 0.22
+
+
+def test_precision_table_pools_each_precision_against_the_same_dense():
+    def record(prompt, kind, config, **kw):
+        return {"length": 2048, "prompt": prompt, "kind": kind, "config": config,
+                "device": "cpu (float32)", **kw}
+
+    fp = dict(backend="fp", alpha=0.1, block_size=128, mean_correction=True, density=0.7)
+    records = [record("n", "single", "dense", backend="dense", correct=True),
+               record("t", "text", "dense", backend="dense", correct=None)]
+    for dtype, hits, kl, answered in ((None, 90, 0.02, True), ("float8_e4m3", 80, 0.05, False)):
+        attn = {} if dtype is None else {"attn_dtype": dtype}
+        records += [record("t", "text", "c", n=100, top1_hits=hits, kl_mean=kl, correct=None,
+                           **fp, **attn),
+                    record("n", "single", "c", n=50, top1_hits=hits // 2, kl_mean=2 * kl,
+                           correct=answered, **fp, **attn)]
+    rows = report.precision_table(records).splitlines()[2:]
+    assert rows == [
+        "| 2048 | 0.1 | on | float32 | 2 | 0.700 | 90.00 % | 2.00e-02 | 90.00 % | 4.00e-02 | "
+        "1 / 1 (1) |",
+        "| 2048 | 0.1 | on | float8_e4m3 | 2 | 0.700 | 80.00 % | 5.00e-02 | 80.00 % | 1.00e-01 | "
+        "0 / 1 (1) |"]

@@ -19,6 +19,18 @@ attention, sliding windows, logit softcapping, attention sinks, additive positio
 dropout in training, attention weights (output_attentions), masks of any other shape, and
 caches whose new tokens are not their last positions (static caches).
 
+Precision (register's dtype and kv_dtype): by default attention runs in the tensors' own dtype.
+dtype="bfloat16" or "float16" casts q, k and v to it for the library (the output is cast back to
+the query's dtype); dtype="float8_e4m3" quantizes each of q, k and v per tensor, FP8 Q/K/V
+(docs/ALGORITHM.md "FP8 e4m3"): `x~ = round_e4m3(x * (1 / c))` with the descale
+`c = max|x| / 448` over the call's tensor (1 when it is all zeros), passed as q_descale /
+k_descale / v_descale; the library writes bfloat16, cast back to the query's dtype.
+kv_dtype="float8_e4m3" with dtype "bfloat16" or "float16" (or None for such a model) quantizes
+k and v per tensor from their own values and casts only q (an FP8 KV cache; the library
+quantizes q per request and KV head). Every call of the model, prefill and decode, runs in
+that precision. FP8 runs on the CPU reference only for now: on CUDA the library
+raises FlashPrefillError with status UNSUPPORTED, and nothing falls back.
+
 Needs torch and transformers >= 5 (its AttentionInterface and AttentionMaskInterface); importing
 this module does not import either.
 """
@@ -35,13 +47,22 @@ _UNSUPPORTED = {
     "position_bias": "additive position biases",
 }
 
+FP8 = "float8_e4m3"
+E4M3_MAX = 448.0            # the largest finite e4m3fn value
+_DTYPES = (None, "float32", "bfloat16", "float16", FP8)
+_KV_DTYPES = (None, FP8)
+
 
 def register(name="sparse_prefill", *, alpha=0.1, block_size=128, sink_tokens=256,
-             window_tokens=512, dense_recent_tiles=1, mean_correction=True):
+             window_tokens=512, dense_recent_tiles=1, mean_correction=True, dtype=None,
+             kv_dtype=None):
     """Registers the backend under `name` with transformers' attention and mask interfaces.
 
     The selection arguments are prefill's (help(flashprefill.prefill)); alpha = 0 makes every
-    call exact. Returns the attention function that was registered.
+    call exact. dtype: the precision attention runs in, None (the tensors' own), "float32",
+    "bfloat16", "float16" or "float8_e4m3" (FP8 Q/K/V, per-tensor descales); kv_dtype: None
+    (dtype's) or "float8_e4m3" (k and v only, with dtype "bfloat16" or "float16"); see
+    help(flashprefill.hf). Returns the attention function that was registered.
 
     The name may not contain "flash": transformers takes any such attn_implementation for a
     FlashAttention kernel to fetch from the Hugging Face hub (from_pretrained and
@@ -50,13 +71,15 @@ def register(name="sparse_prefill", *, alpha=0.1, block_size=128, sink_tokens=25
         raise ValueError(f"flashprefill.hf.register: the name {name!r} contains 'flash', which "
                          f"transformers reserves for FlashAttention kernels from the hub; choose "
                          f"another (the default is 'sparse_prefill')")
+    _check_dtypes(dtype, kv_dtype)
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
 
     forward = functools.partial(attention_forward, alpha=alpha, block_size=block_size,
                                 sink_tokens=sink_tokens, window_tokens=window_tokens,
                                 dense_recent_tiles=dense_recent_tiles,
-                                mean_correction=mean_correction)
+                                mean_correction=mean_correction, dtype=dtype,
+                                kv_dtype=kv_dtype)
     AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, flash_attention_mask)
     return forward
@@ -64,14 +87,16 @@ def register(name="sparse_prefill", *, alpha=0.1, block_size=128, sink_tokens=25
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                       *, alpha=0.1, block_size=128, sink_tokens=256, window_tokens=512,
-                      dense_recent_tiles=1, mean_correction=True, **kwargs):
+                      dense_recent_tiles=1, mean_correction=True, dtype=None, kv_dtype=None,
+                      **kwargs):
     """One attention call in transformers' convention.
 
     query [B, Hq, Lq, D], key and value [B, Hkv, Lk, D] (Lk >= Lq: the last Lq keys are the
-    queries' own); attention_mask None or a [B, >= Lk] boolean padding mask (True = a token).
-    Returns (out [B, Lq, Hq, D] in query's dtype, None)."""
+    queries' own); attention_mask None or a [B, >= Lk] boolean padding mask (True = a token);
+    dtype and kv_dtype as register's. Returns (out [B, Lq, Hq, D] in query's dtype, None)."""
     import torch
 
+    _check_dtypes(dtype, kv_dtype)
     _check_supported(module, attention_mask, dropout, kwargs)
     batch, heads_q, len_q, head_dim = query.shape
     if (key.dim() != 4 or key.shape[0] != batch or key.shape[3] != head_dim or
@@ -131,6 +156,8 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     # on CUDA the library then skips its host-side check of them (a synchronization per call).
     metadata = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
                     max_seqlen_k=max_k, validate_metadata=False)
+    q, k, v, descales = operands(q, k, v, dtype, kv_dtype)
+    metadata.update(descales)
     if max_q == 1:
         out = api.dense_attention(q, k, v, softmax_scale=scaling, **metadata)
     else:
@@ -138,11 +165,60 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
                           sink_tokens=sink_tokens, window_tokens=window_tokens,
                           dense_recent_tiles=dense_recent_tiles,
                           mean_correction=mean_correction, **metadata)
+    out = out.to(query.dtype)
     if q_rows is None:
         return out.reshape(batch, len_q, heads_q, head_dim), None
     full = out.new_zeros(batch * len_q, heads_q, head_dim)
     full.index_copy_(0, q_rows, out)
     return full.reshape(batch, len_q, heads_q, head_dim), None
+
+
+def operands(q, k, v, dtype=None, kv_dtype=None):
+    """The library's operands for `dtype` and `kv_dtype` (as register's) from q [Lq, Hq, D] and
+    k, v [Lk, Hkv, D] torch tensors: (q, k, v, descales), descales the q_descale / k_descale /
+    v_descale keywords of the library's calls (empty when no tensor is e4m3)."""
+    _check_dtypes(dtype, kv_dtype)
+    if dtype == FP8:
+        (q, cq), (k, ck), (v, cv) = (quantize_per_tensor(x) for x in (q, k, v))
+        return q, k, v, dict(q_descale=cq, k_descale=ck, v_descale=cv)
+    import torch
+
+    if kv_dtype != FP8:
+        if dtype is not None:
+            q, k, v = (x.to(getattr(torch, dtype)) for x in (q, k, v))
+        return q, k, v, {}
+    if dtype is not None:
+        q = q.to(getattr(torch, dtype))  # k and v are quantized from their own values
+    if str(q.dtype) not in ("torch.bfloat16", "torch.float16"):
+        raise TypeError(f"flashprefill.hf: an e4m3 KV cache takes a bfloat16 or float16 query, "
+                        f"got {q.dtype}; register with dtype='bfloat16' (or 'float16')")
+    (k, ck), (v, cv) = quantize_per_tensor(k), quantize_per_tensor(v)
+    return q, k, v, dict(k_descale=ck, v_descale=cv)
+
+
+def quantize_per_tensor(x):
+    """Direct per-tensor e4m3 quantization of a torch tensor: (round_e4m3(x * (1 / c)) as
+    torch.float8_e4m3fn, c as a 0-d float32 tensor in x's place) with c = max|x| / 448 (1 when x
+    is all zeros). Out-of-range products saturate to +-448 (docs/ALGORITHM.md "FP8 e4m3"); a
+    non-finite max gives a non-finite c, which the library refuses."""
+    import torch
+
+    x = x.float()
+    amax = x.abs().amax() if x.numel() else x.new_zeros(())
+    descale = torch.where(amax == 0, torch.ones_like(amax), amax / E4M3_MAX)
+    scaled = x * (1 / descale)
+    return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
+
+
+def _check_dtypes(dtype, kv_dtype):
+    if dtype not in _DTYPES:
+        raise ValueError(f"flashprefill.hf: dtype {dtype!r}: expected one of {_DTYPES}")
+    if kv_dtype not in _KV_DTYPES:
+        raise ValueError(f"flashprefill.hf: kv_dtype {kv_dtype!r}: expected one of {_KV_DTYPES}")
+    if kv_dtype == FP8 and dtype not in (None, "bfloat16", "float16"):
+        raise ValueError(f"flashprefill.hf: kv_dtype {FP8!r} takes dtype None, 'bfloat16' or "
+                         f"'float16' (with dtype {FP8!r} every operand is e4m3 already), got "
+                         f"{dtype!r}")
 
 
 def _packed_lengths(kwargs, batch, len_q, len_k, attention_mask):

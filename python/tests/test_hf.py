@@ -4,6 +4,7 @@ batches, packed rows and cached decoding included); with the default selection t
 sparse. Runs on the CPU (float32) and, where torch sees a GPU and the library has its CUDA
 path, on the GPU (bfloat16)."""
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -16,6 +17,8 @@ EXACT = "sparse_prefill_exact_test"
 SPARSE = "sparse_prefill_test"
 fph.register(EXACT, alpha=0.0)
 fph.register(SPARSE, sink_tokens=64, window_tokens=64, block_size=64)
+fph.register(EXACT + "_fp8", alpha=0.0, dtype=fph.FP8)
+fph.register(EXACT + "_bf16", alpha=0.0, dtype="bfloat16")
 
 PLACES = [pytest.param("cpu", torch.float32, 1e-4, id="cpu-float32")]
 if torch.cuda.is_available() and fp.cuda_available():
@@ -163,3 +166,114 @@ def test_unsupported_features_raise():
 def test_register_refuses_names_transformers_reserves():
     with pytest.raises(ValueError, match="contains 'flash'"):
         fph.register("flashprefill")
+
+
+E4M3 = torch.float8_e4m3fn
+
+
+def quantize_numpy(x):
+    """Per-tensor e4m3 quantization written with numpy and ml_dtypes, independently of the
+    backend: (round_e4m3(x * (1 / c)) with saturation, c = max|x| / 448)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = x.float().numpy()
+    c = np.float32(np.abs(a).max()) / np.float32(448)
+    return np.clip(a * (np.float32(1) / c), -448, 448).astype(ml_dtypes.float8_e4m3fn), c
+
+
+class CausalModule:
+    is_causal = True
+    training = False
+
+
+@pytest.mark.parametrize("len_q,len_k", [(300, 300), (1, 300), (40, 300)],
+                         ids=["prefill", "decode", "cached-prefix"])
+def test_fp8_call_is_the_library_fp8_call(len_q, len_k):
+    """dtype="float8_e4m3": one attention call gives, bit for bit, the library's FP8 call on
+    q, k and v quantized per tensor (over both requests of the batch) with their descales:
+    prefill for several queries, dense attention for one."""
+    torch.manual_seed(0)
+    query = 3 * torch.randn(2, 4, len_q, 64)
+    key, value = torch.randn(2, 2, len_k, 64), 0.5 * torch.randn(2, 2, len_k, 64)
+    selection = dict(alpha=0.1, block_size=64, sink_tokens=64, window_tokens=64)
+    got, _ = fph.attention_forward(CausalModule(), query, key, value, None, scaling=0.125,
+                                   dtype=fph.FP8, **selection)
+    assert got.dtype == torch.float32 and got.shape == (2, len_q, 4, 64)
+    (q8, cq), (k8, ck), (v8, cv) = (quantize_numpy(t.transpose(1, 2).reshape(-1, *t.shape[1::2]))
+                                    for t in (query, key, value))
+    common = dict(softmax_scale=0.125, cu_seqlens_q=[0, len_q, 2 * len_q],
+                  cu_seqlens_k=[0, len_k, 2 * len_k], q_descale=cq, k_descale=ck, v_descale=cv)
+    if len_q == 1:
+        want = fp.dense_attention(q8, k8, v8, **common)
+    else:
+        want = fp.prefill(q8, k8, v8, **common, **selection)
+    assert want.dtype.name == "bfloat16"
+    assert np.array_equal(got.reshape(-1, 4, 64).numpy(), want.astype(np.float32))
+
+
+def test_fp8_kv_cache_call_is_the_library_call():
+    """dtype="bfloat16", kv_dtype="float8_e4m3": bfloat16 q over k and v quantized per tensor
+    (the library quantizes q per request and KV head)."""
+    torch.manual_seed(1)
+    query, key, value = torch.randn(1, 4, 200, 64), torch.randn(1, 2, 200, 64), torch.randn(1, 2, 200, 64)
+    got, _ = fph.attention_forward(CausalModule(), query, key, value, None, alpha=0.0,
+                                   dtype="bfloat16", kv_dtype=fph.FP8)
+    (k8, ck), (v8, cv) = (quantize_numpy(t[0].transpose(0, 1)) for t in (key, value))
+    q16 = query[0].transpose(0, 1).to(torch.bfloat16)
+    want = fp.dense_attention(q16, torch.from_numpy(k8.view(np.uint8)).view(E4M3),
+                              torch.from_numpy(v8.view(np.uint8)).view(E4M3),
+                              k_descale=float(ck), v_descale=float(cv))
+    assert torch.equal(got[0], want.float())
+
+
+def test_bfloat16_call_is_the_library_bfloat16_call():
+    torch.manual_seed(2)
+    query, key, value = torch.randn(1, 4, 150, 64), torch.randn(1, 2, 150, 64), torch.randn(1, 2, 150, 64)
+    got, _ = fph.attention_forward(CausalModule(), query, key, value, None, dtype="bfloat16")
+    want = fp.prefill(*(t[0].transpose(0, 1).to(torch.bfloat16) for t in (query, key, value)))
+    assert got.dtype == torch.float32 and torch.equal(got[0], want.float())
+
+
+def test_fp8_model_is_close_to_sdpa_and_bfloat16_closer():
+    """The whole model with exact (alpha = 0) attention in FP8 and in bfloat16 against float32
+    SDPA: FP8's quantization error is visible and bounded, bfloat16's smaller."""
+    model = llama("sdpa", "cpu", torch.float32)
+    ids = torch.randint(0, 512, (1, 300))
+    want = logits(model, input_ids=ids)
+    errors = {}
+    for suffix in ("_fp8", "_bf16"):
+        model.config._attn_implementation = EXACT + suffix
+        errors[suffix] = relative(logits(model, input_ids=ids), want)
+    assert 0 < errors["_bf16"] < 1e-2 and errors["_bf16"] < errors["_fp8"] < 5e-2, errors
+
+
+def test_precision_errors():
+    q = torch.randn(1, 4, 8, 64)
+    kv = torch.randn(1, 2, 8, 64)
+    for dtype, kv_dtype in (("int8", None), (None, "bfloat16"), (fph.FP8, fph.FP8),
+                            ("float32", fph.FP8)):
+        with pytest.raises(ValueError, match="dtype"):
+            fph.register(EXACT + "_bad", dtype=dtype, kv_dtype=kv_dtype)
+        with pytest.raises(ValueError, match="dtype"):
+            fph.attention_forward(CausalModule(), q, kv, kv, None, dtype=dtype, kv_dtype=kv_dtype)
+    with pytest.raises(TypeError, match="bfloat16 or float16 query"):
+        fph.attention_forward(CausalModule(), q, kv, kv, None, kv_dtype=fph.FP8)
+    bad = kv.clone()
+    bad[0, 0, 3, 5] = float("inf")  # a non-finite descale: refused, not quantized to +-448
+    with pytest.raises(fp.FlashPrefillError, match="must be finite and > 0"):
+        fph.attention_forward(CausalModule(), q, bad, kv, None, dtype=fph.FP8)
+
+
+def test_quantize_per_tensor_of_zeros_has_descale_one():
+    x8, c = fph.quantize_per_tensor(torch.zeros(3, 2, 8))
+    assert float(c) == 1.0 and x8.dtype == E4M3 and not x8.float().any()
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and fp.cuda_available()),
+                    reason="needs the library's CUDA path and a GPU")
+def test_fp8_on_cuda_is_unsupported_not_a_fallback():
+    q = torch.randn(1, 4, 256, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16)
+    for dtype, kv_dtype in ((fph.FP8, None), ("bfloat16", fph.FP8)):
+        with pytest.raises(fp.FlashPrefillError, match="no FP8 kernel") as e:
+            fph.attention_forward(CausalModule(), q, kv, kv, None, dtype=dtype, kv_dtype=kv_dtype)
+        assert e.value.status == fp.Status.UNSUPPORTED
