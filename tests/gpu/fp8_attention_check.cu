@@ -41,7 +41,11 @@ using flashprefill::kTileRows;
 
 constexpr double kFp8Tolerance = 2e-2;   // GPU FP8 against the CPU FP8 reference (ALGORITHM.md)
 constexpr double kExactTolerance = 3e-2; // FP8 against float32 attention on the dequantized inputs
-constexpr double kLseTolerance = 2e-2;   // absolute
+// LSE, absolute: log(1 + 2^-4), the bound of rounding every P~ to e4m3 (relative error <= 2^-4
+// each in e4m3's normal range, so the denominator's sum moves by at most that factor;
+// docs/ALGORITHM.md "FP8 e4m3"). Measured up to 2.2e-2, the CPU FP8 reference's own distance
+// from float32 attention on rows with few keys.
+const double kLseTolerance = std::log1p(0.0625);
 constexpr float kE4m3Max = 448.f;
 
 std::mt19937_64 rng;
@@ -721,7 +725,7 @@ int main(int argc, char** argv) {
   std::printf("e4m3 attention kernel (causal, per-tensor descales), seed %llu\n",
               static_cast<unsigned long long>(seed));
   std::printf("tolerances: relative L2 %.0e against the CPU FP8 reference, %.0e against float32 "
-              "attention on the dequantized inputs, LSE %.0e absolute (docs/ALGORITHM.md)\n",
+              "attention on the dequantized inputs, LSE %.2e absolute (docs/ALGORITHM.md)\n",
               kFp8Tolerance, kExactTolerance, kLseTolerance);
   const std::vector<Shape> shapes = {
       {"one tile", 128, 8, 2, {1}, {1}},

@@ -27,6 +27,13 @@ __host__ __device__ constexpr int32_t fp8_slot_key(int32_t s) {
   return 16 * h + 8 * a + 2 * t + c;
 }
 
+// First row of request b (whose keys start at key0 in K) in the transposed V (transpose_v.cuh):
+// key0 rounded down to a multiple of 64, plus 128 b. Consecutive requests' starts lie at least
+// len + 65 rows apart, room for the previous one's last tile in full, with 64-aligned tiles.
+__host__ __device__ constexpr int64_t transposed_v_start(int64_t key0, int32_t b) {
+  return key0 / 64 * 64 + 128 * int64_t(b);
+}
+
 // round_e4m3 of two floats (round to nearest even, saturating: cvt.rn.satfinite), lo in the low
 // byte.
 __device__ __forceinline__ uint32_t e4m3x2_from_floats(float lo, float hi) {

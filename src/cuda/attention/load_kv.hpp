@@ -10,6 +10,7 @@
 #include <cute/tensor.hpp>
 
 #include "core/geometry.hpp"
+#include "cuda/attention/fp8.hpp"
 #include "cuda/attention/paged_kv.hpp"
 #include "cuda/attention/params.hpp"
 #include "cuda/attention/seqlen.hpp"
@@ -48,8 +49,8 @@ struct KvLoader {
 
   // KV tile t (from map row `row`, tma_row) by TMA into rows [64 half, 64 half + 64) of stage
   // `stage`, kHeadDim / kBoxCols boxes per operand; issued by one thread. e4m3: V^T in one box
-  // of the transposed V's map (keys, D, Hkv), where request b's keys start 64 b rows further
-  // than in K (transpose_v.cuh).
+  // of the transposed V's map (keys, D, Hkv), where request b's keys start at row
+  // transposed_v_start(first key, b) (transpose_v.cuh).
   template <class SmemK, class SmemVt>
   __device__ void tma_kv_tile(SmemK& sK, SmemVt& sVt, int32_t row, int half, int stage,
                               uint64_t* bar) const {
@@ -60,7 +61,9 @@ struct KvLoader {
         tma_load_3d(&sVt(c, half * kKvTile, stage), &p.tma_v, bar, c, w.h, row);
     }
     if constexpr (Traits::kFp8)
-      tma_load_3d(&sVt(0, half * kKvTile, stage), &p.tma_v, bar, row + kKvTile * w.b, 0, w.h);
+      tma_load_3d(&sVt(0, half * kKvTile, stage), &p.tma_v, bar,
+                  int32_t(transposed_v_start(w.k_addr.row0, w.b)) + (row - int32_t(w.k_addr.row0)),
+                  0, w.h);
   }
 
   // KV tiles t and t + 1 (from map row `row` of tile t; paged, rows back to back) by TMA into

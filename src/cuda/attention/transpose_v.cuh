@@ -2,12 +2,13 @@
 // V^T with the keys contiguous. This kernel writes V [total_k, Hkv, D] (contiguous KV, varlen)
 // as Vt [Hkv, D, rows] before the attention kernel runs:
 //
-//   Vt[h][d][cu_k[b] + 64 b + 32 c + s] = V[cu_k[b] + 32 c + fp8_slot_key(s)][h][d]
+//   Vt[h][d][transposed_v_start(cu_k[b], b) + 32 c + s] = V[cu_k[b] + 32 c + fp8_slot_key(s)][h][d]
 //
 // for request b, 32-key group c and slot s < 32 (fp8.hpp), and 0 where the key is past the
-// request. Request b's keys start 64 b rows later than in K, so every request has room for its
-// last tile in full (zeros past its keys) and each tile of Vt is one TMA box of the map
-// (rows, D, Hkv) (load_kv.hpp). rows = transposed_v_rows(total_k, batch).
+// request. Every request's rows start at a multiple of 64 (a TMA box of the keys-innermost map
+// starts at a 64-byte boundary: boxes starting elsewhere are refused as illegal instructions)
+// with room for its last tile in full (zeros past its keys), so each tile of Vt is one TMA box
+// of the map (rows, D, Hkv) (load_kv.hpp). rows = transposed_v_rows(total_k, batch).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,10 +20,10 @@
 
 namespace flashprefill::cuda::attention {
 
-// Rows of the transposed V: every request's keys 64 rows apart, in rows of 16-byte multiples
-// (the TMA map's stride).
+// Rows of the transposed V: request b's keys from row transposed_v_start (fp8.hpp), in rows of
+// 16-byte multiples (the TMA map's stride).
 inline int64_t transposed_v_rows(int64_t total_k, int32_t batch) {
-  return (total_k + int64_t(kKvTile) * batch + 15) / 16 * 16;
+  return (total_k + 2 * int64_t(kKvTile) * batch + 15) / 16 * 16;
 }
 
 namespace transpose_detail {
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(kThreads)
     dst[3] = x.w;
   }
   __syncthreads();
-  uint8_t* out = vt + int64_t(h) * kD * rows + key0 + int64_t(kKvTile) * b + t * kKvTile;
+  uint8_t* out = vt + int64_t(h) * kD * rows + transposed_v_start(key0, b) + t * kKvTile;
   for (int i = threadIdx.x; i < kKvTile * kD; i += kThreads) {
     const int d = i / kKvTile, s = i % kKvTile;
     const int key = s / 32 * 32 + fp8_slot_key(s % 32);
