@@ -278,6 +278,45 @@ def dense_section(path, record, plots):
     return "\n".join(out + [""])
 
 
+def fp8_section(path, record):
+    dense, sparse, prefill = (rows_of(record, k) for k in ("fp8_dense", "fp8_sparse",
+                                                            "fp8_prefill"))
+    out = intro("FP8 e4m3",
+                "e4m3 q/k/v with per-tensor descales (bench/bench_fp8.py), B = 1, Hq = 32, "
+                "Hkv = 8, D = 128, causal; our bf16 path and the baselines run on the same "
+                "inputs dequantized to bf16. TFLOP/s count causal FLOPs.",
+                path, record)
+    if not (dense or sparse or prefill):
+        return "\n".join(out + nothing(record))
+    if dense:
+        body = [[fmt_len(r["L"]), fmt(r.get("fp8_ms"), 4, " ms"), fmt(r.get("fp8_tflops")),
+                 fmt(r.get("bf16_tflops")), fmt_x(r.get("fp8_vs_bf16")),
+                 fmt_x(r.get("speedup_vs_cudnn")), fmt_x(r.get("speedup_vs_fa2")),
+                 fmt(r.get("err_vs_cudnn"), 2)]
+                for r in sorted(dense, key=lambda r: r["L"])]
+        out.append(table(["L", "e4m3 dense", "e4m3 TFLOP/s", "our bf16 TFLOP/s", "e4m3 / bf16",
+                          "vs cuDNN", "vs FA2", "err vs cuDNN"], body))
+    if sparse:
+        out += ["", "Sparse mode on random 128 x 128 block masks, no mean correction: time / "
+                "(density x e4m3 dense time).", ""]
+        body = [[fmt_len(r["L"]), fmt_pct(r.get("density")), fmt(r.get("fp8_ms"), 4, " ms"),
+                 fmt(r.get("fp8_dense_ms"), 4, " ms"), fmt(r.get("ratio_to_rho_dense"))]
+                for r in sparse]
+        out.append(table(["L", "density", "e4m3 sparse", "e4m3 dense", "time / (rho x dense)"],
+                         body))
+    if prefill:
+        out += ["", "The whole e4m3 prefill (index stage and sparse operator, mean correction "
+                "off) on the demo's workload with its queries scaled to a ~5 % selection (as the "
+                "bf16 prefill's `demo_q_scaled`).", ""]
+        body = [[fmt_len(r["L"]), fmt_pct(r.get("density")), fmt(r.get("index_ms"), 4, " ms"),
+                 fmt(r.get("attn_ms"), 4, " ms"), fmt(r.get("total_ms"), 4, " ms"),
+                 fmt_x(r.get("speedup_vs_fa2")), fmt_x(r.get("speedup_vs_cudnn")),
+                 fmt(r.get("err_vs_dense"), 2)] for r in prefill]
+        out.append(table(["L", "density", "index", "attention", "total", "vs FA2", "vs cuDNN",
+                          "err vs dense"], body))
+    return "\n".join(out + [""])
+
+
 def index_section(path, record):
     rows = rows_of(record, "index")
     out = intro("The index stage",
@@ -520,6 +559,7 @@ def render_perf(results, plots):
              long_section(*newest(results, "long")),
              sparse_section(*newest(results, "attention", ("sparse",)), plots),
              dense_section(*newest(results, "attention", ("dense",)), plots),
+             fp8_section(*newest(results, "fp8")),
              index_section(*newest(results, "index")),
              paged_section(*newest(results, "attention", PAGED_KINDS), plots),
              goals_section(newest(results, "attention", ("dense", "sparse"))[1]),

@@ -43,7 +43,7 @@ def render(tmp_path, results_dir, plots=False):
 
 def test_without_results_every_section_says_not_measured(tmp_path):
     perf, readme = render(tmp_path, tmp_path / "none")
-    assert perf.count("*Not measured yet:") == 9
+    assert perf.count("*Not measured yet:") == 10
     assert "## What did not work" in perf
     assert "before" in readme and "after" in readme and "old text" not in readme
     assert "Performance: not measured yet" in readme
@@ -133,14 +133,15 @@ def test_check_passes_once_rendered_and_fails_when_edited(tmp_path):
 
 
 def test_the_cpu_smoke_run_renders_every_section(tmp_path):
-    """The fixture is what bench_attention.py, bench_index.py, bench_host.py, bench_vllm.py and
-    bench_long.py wrote on the CPU."""
+    """The fixture is what bench_attention.py, bench_index.py, bench_host.py, bench_vllm.py,
+    bench_long.py and bench_fp8.py wrote on the CPU."""
     runs = report.load_results(FIXTURES)
-    assert {r["bench"] for _, r in runs} == {"attention", "index", "host", "vllm", "long"}
+    assert {r["bench"] for _, r in runs} == {"attention", "index", "host", "vllm", "long",
+                                                   "fp8"}
     assert all(r["machine"].startswith("CPU") for _, r in runs)
     perf, readme = render(tmp_path, FIXTURES)
     for kind in ("dense", "sparse", "prefill", "paged", "paged_sparse", "paged_chunk", "chunk",
-                 "vllm_chunk_index", "vllm_prefill"):
+                 "vllm_chunk_index", "vllm_prefill", "fp8_dense", "fp8_sparse", "fp8_prefill"):
         assert any(row.get("row") == kind for _, r in runs for row in r["rows"]), kind
     assert "Not measured" not in perf
     assert "| demo_q_scaled |" in perf and "| whole prefill" in readme

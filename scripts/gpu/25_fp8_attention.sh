@@ -2,7 +2,8 @@
 # The e4m3 attention kernel on a GPU machine: builds fp_gpu_fp8_check if the build folder lacks
 # it, runs it (the kernel against the CPU FP8 reference and float32 attention, dense and sparse,
 # D = 64 and 128, then the 32K timing beside bf16 dense), and compute-sanitizer on its small
-# cases. The C ABI does not reach the FP8 kernel yet: the check launches it itself.
+# cases, then bench/bench_fp8.py (e4m3 dense, sparse and the whole prefill beside our bf16 path
+# and SDPA cuDNN / FLASH; its results file into $FP_RESULTS_DIR, default bench/results).
 # Usage: bash scripts/gpu/25_fp8_attention.sh [build-dir]; logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -16,6 +17,8 @@ CHECK_LIMIT=${CHECK_LIMIT:-180}
 SANITIZER_LIMIT=${SANITIZER_LIMIT:-150}
 SANITIZER_RESERVE=120
 SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}
+RESULTS_DIR=${FP_RESULTS_DIR:-bench/results}
+BENCH_LIMIT=${BENCH_LIMIT:-200}
 
 if [ ! -x "$BUILD_DIR/fp_gpu_fp8_check" ]; then
   echo "25_fp8_attention: building in $BUILD_DIR"
@@ -37,8 +40,13 @@ if [ "$rc" -eq 124 ]; then
   exit 1
 fi
 run_sanitizers fp8_attention "$BUILD_DIR/fp_gpu_fp8_check" 1 small || status=1
+PYTHONUNBUFFERED=1 timeout "$(step_limit "$BENCH_LIMIT" 30)" python3 bench/bench_fp8.py \
+  --lib "$BUILD_DIR/libflashprefill.so" --results "$RESULTS_DIR" 2>&1 | tee "$LOG_DIR/fp8_bench.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 echo "== fp8 attention check =="
 grep -E "FAIL|PASS|TFLOP/s|x \(with" "$LOG_DIR/fp8_attention_check.log" | tail -n 60
 cat "$LOG_DIR/fp8_attention_sanitizer.log"
+echo "== fp8 bench =="
+grep "^row=" "$LOG_DIR/fp8_bench.log"
 exit $status
