@@ -1,9 +1,10 @@
 // Mean correction's per-call conversion (mean_correction.hpp): the float block means to the
-// operand dtype, one 8-element chunk per thread.
+// operand dtype, one 8-element chunk per thread; e4m3 with the descales, the v means transposed.
 #include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 
 #include "core/geometry.hpp"
+#include "cuda/attention/fp8.hpp"
 #include "cuda/attention/mean_correction.hpp"
 
 namespace flashprefill::cuda::attention {
@@ -44,7 +45,74 @@ __global__ void __launch_bounds__(kThreads)
   *reinterpret_cast<cutlass::Array<Element, kChunk>*>(v_out + offset) = convert(v);
 }
 
+// The key slot that holds key k (0 <= k < 32) of a 32-key group: the inverse of fp8_slot_key.
+__device__ __forceinline__ int32_t fp8_key_slot(int32_t k) {
+  const int32_t h = k / 16, a = (k % 16) / 8, t = (k % 8) / 2, c = k % 2;
+  return 16 * h + 4 * t + 2 * a + c;
+}
+
+__device__ __forceinline__ float descale_of(const float* d, int64_t stride_b, int64_t stride_h,
+                                            int32_t b, int32_t h) {
+  return d == nullptr ? 1.f : d[b * stride_b + h * stride_h];
+}
+
+// One thread per (request, KV head, block, 8-element chunk): the k chunk as a row of k_out, the
+// v chunk into 8 rows of its head's transposed v_out, at the block's slot column.
+__global__ void __launch_bounds__(kThreads)
+    e4m3_means_kernel(const __grid_constant__ AttentionParams p, MeanDescales c, int head_dim,
+                      uint8_t* k_out, uint8_t* v_out) {
+  const int chunks_per_row = head_dim / kChunk;
+  const int64_t rows = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks);
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * chunks_per_row) return;
+  const int64_t row = i / chunks_per_row;
+  const int col = int(i % chunks_per_row) * kChunk;
+  const int64_t head = row / p.max_blocks;
+  const int32_t b = int32_t(head / p.heads_kv), h = int32_t(head % p.heads_kv);
+  const int32_t j = int32_t(row % p.max_blocks);
+  const int32_t len_kv =
+      p.paged ? p.seqlens_k[b] : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  const bool pooled = j < BlockGeometry{p.block_size, len_kv}.num_blocks();
+  const float inv_k = 1.f / descale_of(c.k, c.k_stride_batch, c.k_stride_head, b, h);
+  const float inv_v = 1.f / descale_of(c.v, c.v_stride_batch, c.v_stride_head, b, h);
+  const int64_t offset = row * head_dim + col;
+  uint32_t k_words[2];
+  uint8_t v_bytes[kChunk];
+  for (int e = 0; e < kChunk; e += 2) {
+    float k0 = 0.f, k1 = 0.f, v0 = 0.f, v1 = 0.f;
+    if (pooled) {
+      k0 = p.k_mean[offset + e] * inv_k;
+      k1 = p.k_mean[offset + e + 1] * inv_k;
+      v0 = p.v_mean[offset + e] * inv_v;
+      v1 = p.v_mean[offset + e + 1] * inv_v;
+    }
+    const uint32_t kk = e4m3x2_from_floats(k0, k1), vv = e4m3x2_from_floats(v0, v1);
+    if (e % 4 == 0) k_words[e / 4] = kk;
+    else k_words[e / 4] |= kk << 16;
+    v_bytes[e] = uint8_t(vv);
+    v_bytes[e + 1] = uint8_t(vv >> 8);
+  }
+  *reinterpret_cast<uint2*>(k_out + offset) = make_uint2(k_words[0], k_words[1]);
+  const int64_t columns = e4m3_mean_vt_blocks(p.max_blocks);
+  uint8_t* vt = v_out + head * head_dim * columns + j / 32 * 32 + fp8_key_slot(j % 32);
+  for (int e = 0; e < kChunk; ++e) vt[int64_t(col + e) * columns] = v_bytes[e];
+}
+
 }  // namespace
+
+cudaError_t launch_e4m3_means(const AttentionParams& p, const MeanDescales& descales,
+                              int head_dim, void* k_out, void* v_out, cudaStream_t stream) {
+  const int64_t chunks = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks) * (head_dim / kChunk);
+  if (chunks == 0) return cudaSuccess;
+  // Slot columns past max_blocks (to the group's end) are read by the windows: zeros.
+  const int64_t vt_bytes = int64_t(p.batch) * p.heads_kv * head_dim * e4m3_mean_vt_blocks(p.max_blocks);
+  if (cudaError_t e = cudaMemsetAsync(v_out, 0, size_t(vt_bytes), stream); e != cudaSuccess) return e;
+  const unsigned grid = unsigned((chunks + kThreads - 1) / kThreads);
+  e4m3_means_kernel<<<grid, kThreads, 0, stream>>>(p, descales, head_dim,
+                                                   static_cast<uint8_t*>(k_out),
+                                                   static_cast<uint8_t*>(v_out));
+  return cudaGetLastError();
+}
 
 cudaError_t launch_lowp_means(const AttentionParams& p, fp_dtype dtype, int head_dim, void* k_out,
                               void* v_out, cudaStream_t stream) {

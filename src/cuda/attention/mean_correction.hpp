@@ -36,6 +36,25 @@ __host__ __device__ inline int64_t converted_mean_rows(int32_t batch, int32_t he
 cudaError_t launch_lowp_means(const AttentionParams& p, fp_dtype dtype, int head_dim, void* k_out,
                               void* v_out, cudaStream_t stream);
 
+// e4m3 surrogate keys (docs/ALGORITHM.md "FP8 e4m3": rho rounds a mean to e4m3 with its
+// tensor's descale, round_e4m3(mean / c(b, h))): k_out as launch_lowp_means lays it out; v_out
+// transposed as the kernel's V^T, [batch * heads_kv, head_dim, e4m3_mean_vt_blocks(max_blocks)],
+// each 32-block group in the slot order of fp8_slot_key (fp8.hpp), zeros past a request's
+// blocks. Descales: device pointers with (request, KV head) strides, NULL = 1.
+struct MeanDescales {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t k_stride_batch = 0, k_stride_head = 0, v_stride_batch = 0, v_stride_head = 0;
+};
+cudaError_t launch_e4m3_means(const AttentionParams& p, const MeanDescales& descales,
+                              int head_dim, void* k_out, void* v_out, cudaStream_t stream);
+
+// Block columns of one (request, KV head) of the transposed e4m3 v means: whole 32-block slot
+// groups, a multiple of 16 bytes (the TMA map's stride).
+__host__ __device__ inline int64_t e4m3_mean_vt_blocks(int32_t max_blocks) {
+  return (int64_t(max_blocks) + 31) / 32 * 32;
+}
+
 // --- Window bookkeeping (the traversal's correction iterations) ---
 
 // Each correction iteration covers this many consecutive candidate blocks, one per stage column.
@@ -63,13 +82,22 @@ __device__ __forceinline__ int32_t window_count(int32_t visible) {
 // first_block ... first_block + 127 of item w's (request, KV head), one TMA box per operand;
 // issued by one thread. Rows past the head's blocks read the next head's means or zeros (finite
 // either way; their columns are masked by the bias).
-template <class SmemK, class SmemVt>
+// e4m3 (kE4m3): the k means as the stage's 128 keys in one box of the map (D, rows, 1); the v
+// means from their transposed layout (e4m3_mean_vt_blocks), one 64-block x D box per half of the
+// stage's V^T.
+template <bool kE4m3 = false, class SmemK, class SmemVt>
 __device__ __forceinline__ void tma_mean_window(const AttentionParams& p, const WorkTile& w,
                                                 SmemK& sK, SmemVt& sVt, int32_t first_block,
                                                 int stage, uint64_t* bar) {
-  const int32_t row = (w.b * p.heads_kv + w.h) * p.max_blocks + first_block;
+  const int32_t head = w.b * p.heads_kv + w.h;
+  const int32_t row = head * p.max_blocks + first_block;
   tma_load_3d(&sK(0, 0, stage), &p.tma_k_mean, bar, 0, row, 0);
-  tma_load_3d(&sVt(0, 0, stage), &p.tma_v_mean, bar, 0, row, 0);
+  if constexpr (kE4m3) {
+    tma_load_3d(&sVt(0, 0, stage), &p.tma_v_mean, bar, first_block, 0, head);
+    tma_load_3d(&sVt(0, kKvTile, stage), &p.tma_v_mean, bar, first_block + kKvTile, 0, head);
+  } else {
+    tma_load_3d(&sVt(0, 0, stage), &p.tma_v_mean, bar, 0, row, 0);
+  }
 }
 
 // Bias of column c of a mean window (block j = first_block + c): ln |B_J| in raw-score units

@@ -215,7 +215,7 @@ struct Producer {
         if (thread == 0) {
           ss.stage_info[cur.index] = info;
           TxBarrier::expect_transaction(bar, 2 * Traits::kTileTmaBytes);
-          tma_mean_window(p, w, sK, sVt, stage.first_block, cur.index, bar);
+          tma_mean_window<Traits::kFp8>(p, w, sK, sVt, stage.first_block, cur.index, bar);
         }
         window_bias(p, trav, blocks, stage.first_block, ss.column_bias[cur.index], thread);
         producer_sync();
