@@ -94,7 +94,8 @@ __device__ __forceinline__ void tma_mean_window(const AttentionParams& p, const 
   tma_load_3d(&sK(0, 0, stage), &p.tma_k_mean, bar, 0, row, 0);
   if constexpr (kE4m3) {
     tma_load_3d(&sVt(0, 0, stage), &p.tma_v_mean, bar, first_block, 0, head);
-    tma_load_3d(&sVt(0, kKvTile, stage), &p.tma_v_mean, bar, first_block + kKvTile, 0, head);
+    const int32_t half = kKvTile;  // (a copy: the tensor's operator() takes references)
+    tma_load_3d(&sVt(0, half, stage), &p.tma_v_mean, bar, first_block + half, 0, head);
   } else {
     tma_load_3d(&sVt(0, 0, stage), &p.tma_v_mean, bar, 0, row, 0);
   }
