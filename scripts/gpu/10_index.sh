@@ -6,7 +6,7 @@
 # prints the short tables last.
 # Usage: bash scripts/gpu/10_index.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 # shellcheck source=scripts/lib/check.sh
 . scripts/lib/check.sh
 BUILD_DIR=${1:-build}
@@ -40,4 +40,4 @@ grep -E "FAIL|PASS" "$LOG_DIR/index_check.log" | tail -n 30
 cat "$LOG_DIR/index_sanitizer.log"
 echo "== index bench =="
 tail -n 7 "$LOG_DIR/index_bench.log"
-[ $check -eq 0 ] && [ $bench -eq 0 ]
+[ "$check" -eq 0 ] && [ "$bench" -eq 0 ]

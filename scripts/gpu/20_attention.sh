@@ -7,7 +7,7 @@
 # goals (bench/goals.py).
 # Usage: bash scripts/gpu/20_attention.sh [build-dir] [check|bench|all]; logs go to $OUT (or /tmp).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 # shellcheck source=scripts/lib/check.sh
 . scripts/lib/check.sh
 BUILD_DIR=${1:-build}

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the GPU steps in scripts/gpu/ (it sources budget.sh and sanitize.sh beside it).
 # run_check PREFIX RESERVE SKIPPED CHECK [ARG...]: runs CHECK within $CHECK_LIMIT seconds (less
 # near the check's deadline, keeping RESERVE seconds for what follows: budget.sh), its output on
