@@ -20,7 +20,7 @@
 #                    has no nvidia-cutlass package (packaging/cutlass_headers.py finds it otherwise)
 #   OUT              where the logs go (default out/)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export FP_RESULTS_DIR=${FP_RESULTS_DIR:-bench/results}

@@ -6,11 +6,9 @@
 # prints the short tables last.
 # Usage: bash scripts/gpu/10_index.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-# shellcheck source=scripts/lib/sanitize.sh
-. scripts/lib/sanitize.sh
-# shellcheck source=scripts/lib/budget.sh
-. scripts/lib/budget.sh
+cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=scripts/lib/check.sh
+. scripts/lib/check.sh
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
 RESULTS_DIR=${FP_RESULTS_DIR:-bench/results}
@@ -29,13 +27,8 @@ if [ ! -x "$BUILD_DIR/fp_gpu_index_check" ] || [ ! -f "$BUILD_DIR/libflashprefil
   cmake --build "$BUILD_DIR" -j "$(nproc)" --target flashprefill fp_gpu_index_check || exit 1
 fi
 
-timeout "$(step_limit "$CHECK_LIMIT" 420)" "$BUILD_DIR/fp_gpu_index_check" 2>&1 | tee "$LOG_DIR/index_check.log"
-check=${PIPESTATUS[0]}
-if [ "$check" -eq 124 ]; then
-  echo "10_index: the check timed out (a hang?); skipping the sanitizer and the benchmark"
-  exit 1
-fi
-run_sanitizers index "$BUILD_DIR/fp_gpu_index_check" small || check=1
+run_check index 420 "the sanitizer and the benchmark" "$BUILD_DIR/fp_gpu_index_check" small
+check=$?
 PYTHONUNBUFFERED=1 timeout "$(step_limit "$BENCH_LIMIT" 360)" python3 bench/bench_index.py \
   --lib "$BUILD_DIR/libflashprefill.so" --json "$LOG_DIR/index_bench.json" \
   --results "$RESULTS_DIR" 2>&1 |
@@ -47,4 +40,4 @@ grep -E "FAIL|PASS" "$LOG_DIR/index_check.log" | tail -n 30
 cat "$LOG_DIR/index_sanitizer.log"
 echo "== index bench =="
 tail -n 7 "$LOG_DIR/index_bench.log"
-[ $check -eq 0 ] && [ $bench -eq 0 ]
+[ "$check" -eq 0 ] && [ "$bench" -eq 0 ]

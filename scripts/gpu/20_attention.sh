@@ -7,11 +7,9 @@
 # goals (bench/goals.py).
 # Usage: bash scripts/gpu/20_attention.sh [build-dir] [check|bench|all]; logs go to $OUT (or /tmp).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-# shellcheck source=scripts/lib/sanitize.sh
-. scripts/lib/sanitize.sh
-# shellcheck source=scripts/lib/budget.sh
-. scripts/lib/budget.sh
+cd "$(dirname "$0")/../.." || exit 1
+# shellcheck source=scripts/lib/check.sh
+. scripts/lib/check.sh
 BUILD_DIR=${1:-build}
 WHAT=${2:-all}
 LOG_DIR=${OUT:-/tmp}
@@ -37,14 +35,8 @@ fi
 
 status=0
 if [ "$WHAT" != bench ]; then
-  timeout "$(step_limit "$CHECK_LIMIT" 330)" "$BUILD_DIR/fp_gpu_attention_check" 2>&1 | tee "$LOG_DIR/attention_check.log"
-  rc=${PIPESTATUS[0]}
-  [ "$rc" -eq 0 ] || status=1
-  if [ "$rc" -eq 124 ]; then
-    echo "20_attention: the check timed out (a hang?); skipping the sanitizer and the benchmark"
-    exit 1
-  fi
-  run_sanitizers attention "$BUILD_DIR/fp_gpu_attention_check" 1 small || status=1
+  run_check attention 330 "the sanitizer and the benchmark" "$BUILD_DIR/fp_gpu_attention_check" \
+    1 small || status=1
 fi
 if [ "$WHAT" != check ]; then
   # shellcheck disable=SC2086 # BENCH_ARGS is a list of options

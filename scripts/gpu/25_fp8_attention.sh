@@ -7,10 +7,8 @@
 # Usage: bash scripts/gpu/25_fp8_attention.sh [build-dir]; logs go to $OUT (or /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-# shellcheck source=scripts/lib/sanitize.sh
-. scripts/lib/sanitize.sh
-# shellcheck source=scripts/lib/budget.sh
-. scripts/lib/budget.sh
+# shellcheck source=scripts/lib/check.sh
+. scripts/lib/check.sh
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
 CHECK_LIMIT=${CHECK_LIMIT:-180}
@@ -31,15 +29,8 @@ if [ ! -x "$BUILD_DIR/fp_gpu_fp8_check" ]; then
 fi
 
 status=0
-timeout "$(step_limit "$CHECK_LIMIT" 150)" "$BUILD_DIR/fp_gpu_fp8_check" 2>&1 |
-  tee "$LOG_DIR/fp8_attention_check.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] || status=1
-if [ "$rc" -eq 124 ]; then
-  echo "25_fp8_attention: the check timed out (a hang?); skipping the sanitizer"
-  exit 1
-fi
-run_sanitizers fp8_attention "$BUILD_DIR/fp_gpu_fp8_check" 1 small || status=1
+run_check fp8_attention 150 "the sanitizer and the benchmark" "$BUILD_DIR/fp_gpu_fp8_check" 1 small ||
+  status=1
 PYTHONUNBUFFERED=1 timeout "$(step_limit "$BENCH_LIMIT" 30)" python3 bench/bench_fp8.py \
   --lib "$BUILD_DIR/libflashprefill.so" --results "$RESULTS_DIR" 2>&1 | tee "$LOG_DIR/fp8_bench.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1

@@ -5,7 +5,7 @@
 # of engine-held tensors, which import neither engine), then the host cost per call.
 # Usage: bash scripts/gpu/30_demo.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
 # shellcheck source=scripts/lib/budget.sh

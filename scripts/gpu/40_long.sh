@@ -5,7 +5,7 @@
 # attention on those rows), its results file into $FP_RESULTS_DIR (default bench/results).
 # Usage: bash scripts/gpu/40_long.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
 # shellcheck source=scripts/lib/budget.sh

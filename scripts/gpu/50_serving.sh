@@ -4,7 +4,7 @@
 # shuffled) against contiguous K/V (bench/bench_vllm.py; no vLLM needed).
 # Usage: bash scripts/gpu/50_serving.sh [build-dir]; logs go to $OUT (or /tmp) when set.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 BUILD_DIR=${1:-build}
 LOG_DIR=${OUT:-/tmp}
 # shellcheck source=scripts/lib/budget.sh

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/gpu_check.sh and the steps in scripts/gpu/: the whole check runs within one
 # wall-clock budget. gpu_check.sh exports FP_DEADLINE (epoch seconds); `step_limit LIMIT RESERVE`
 # prints the seconds a step may take: LIMIT, or less where the deadline minus RESERVE seconds

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the GPU steps in scripts/gpu/. run_sanitizers PREFIX CMD...: runs CMD under each
 # compute-sanitizer tool in $SANITIZER_TOOLS, each within $SANITIZER_LIMIT seconds (less near the
 # check's deadline, keeping $SANITIZER_RESERVE seconds: scripts/lib/budget.sh), with its log
