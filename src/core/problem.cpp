@@ -1,6 +1,7 @@
 #include "core/problem.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -41,11 +42,12 @@ int32_t enum_bits(const E& field) {
 // kMaxElements elements. Dims of extent 0 or 1 take any stride.
 enum class Strides { kOk, kOverlap, kTooLarge };
 
-Strides strided_layout(std::vector<std::pair<int64_t, int64_t>> dims /* (stride, extent) */) {
-  std::erase_if(dims, [](auto& d) { return d.second <= 1; });
+template <size_t N>
+Strides strided_layout(std::array<std::pair<int64_t, int64_t>, N> dims /* (stride, extent) */) {
   std::sort(dims.begin(), dims.end());
   Size span = 1;
   for (auto [stride, extent] : dims) {
+    if (extent <= 1) continue;
     if (!span.ok()) return Strides::kTooLarge;
     if (stride < span.value()) return Strides::kOverlap;
     span = Size(stride) * Size(extent);
@@ -53,10 +55,14 @@ Strides strided_layout(std::vector<std::pair<int64_t, int64_t>> dims /* (stride,
   return span.fits(kMaxElements) ? Strides::kOk : Strides::kTooLarge;
 }
 
-fp_status check_strides(const char* name, Strides layout, const std::string& what) {
-  if (layout == Strides::kOverlap) return invalid(format("%s strides %s overlap", name, what.c_str()));
+// `what()` describes the strides; it is formatted only for the error, since every call of every
+// entry point checks its tensors.
+template <typename What>
+fp_status check_strides(const char* name, Strides layout, What&& what) {
+  if (layout == Strides::kOverlap)
+    return invalid(format("%s strides %s overlap", name, what().c_str()));
   if (layout == Strides::kTooLarge)
-    return invalid(format("%s strides %s span more than 2^48 elements", name, what.c_str()));
+    return invalid(format("%s strides %s span more than 2^48 elements", name, what().c_str()));
   return FP_OK;
 }
 
@@ -66,10 +72,14 @@ fp_status check_rows(const char* name, const void* data, int64_t rows, int64_t s
   if (stride_token < 1 || stride_head < 1)
     return invalid(format("%s strides must be positive (token %lld, head %lld)", name,
                           (long long)stride_token, (long long)stride_head));
-  return check_strides(name, strided_layout({{stride_token, rows}, {stride_head, heads}, {1, dim}}),
-                       format("(token %lld, head %lld) for %lld rows of %d heads of dim %d",
-                              (long long)stride_token, (long long)stride_head, (long long)rows,
-                              heads, dim));
+  return check_strides(
+      name,
+      strided_layout(std::array<std::pair<int64_t, int64_t>, 3>{
+          {{stride_token, rows}, {stride_head, heads}, {1, dim}}}),
+      [&] {
+        return format("(token %lld, head %lld) for %lld rows of %d heads of dim %d",
+                      (long long)stride_token, (long long)stride_head, (long long)rows, heads, dim);
+      });
 }
 
 fp_status check_cu_seqlens(const char* name, const std::vector<int32_t>& cu, int64_t total) {
@@ -283,10 +293,13 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
         return invalid(format("%s strides must be positive (page %lld, token %lld, head %lld)",
                               name, (long long)sp, (long long)st, (long long)sh));
       if (fp_status s = check_strides(
-              name, strided_layout({{sp, p.num_pages}, {st, p.page_size}, {sh, p.num_heads_kv},
-                                    {1, p.head_dim}}),
-              format("(page %lld, token %lld, head %lld)", (long long)sp, (long long)st,
-                     (long long)sh));
+              name,
+              strided_layout(std::array<std::pair<int64_t, int64_t>, 4>{
+                  {{sp, p.num_pages}, {st, p.page_size}, {sh, p.num_heads_kv}, {1, p.head_dim}}}),
+              [&] {
+                return format("(page %lld, token %lld, head %lld)", (long long)sp, (long long)st,
+                              (long long)sh);
+              });
           s != FP_OK)
         return s;
     }
