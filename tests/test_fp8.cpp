@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -305,6 +306,13 @@ TEST(Fp8, Errors) {
   p = qz.fp8();
   p.v_descale_stride_head = -1;
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "v_descale strides must be >= 0");
+  p = qz.fp8();  // two requests, two KV heads: the last factor at stride_batch + stride_head
+  p.q_descale_stride_batch = (int64_t(1) << 48) - 1;
+  p.q_descale_stride_head = 1;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT,
+               "q_descale strides (batch 281474976710655, head 1) span more than 2^48 elements");
+  p.q_descale_stride_batch = INT64_MAX;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "q_descale strides");
   p = src.contiguous();  // bf16, no e4m3 tensor
   p.q_descale = bad.data();
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "q_descale is set but no tensor is e4m3");
