@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -305,6 +306,13 @@ TEST(Fp8, Errors) {
   p = qz.fp8();
   p.v_descale_stride_head = -1;
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "v_descale strides must be >= 0");
+  p = qz.fp8();  // two requests, two KV heads: the last factor at stride_batch + stride_head
+  p.q_descale_stride_batch = (int64_t(1) << 48) - 1;
+  p.q_descale_stride_head = 1;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT,
+               "q_descale strides (batch 281474976710655, head 1) span more than 2^48 elements");
+  p.q_descale_stride_batch = INT64_MAX;
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT, "q_descale strides");
   p = src.contiguous();  // bf16, no e4m3 tensor
   p.q_descale = bad.data();
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "q_descale is set but no tensor is e4m3");
@@ -330,7 +338,8 @@ TEST(Fp8, Errors) {
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "unknown kv_dtype 7");
 }
 
-// No FP8 kernel yet: every CUDA entry point refuses an FP8 problem, whatever the build.
+// No FP8 attention kernel on CUDA yet: every attention entry point refuses an FP8 problem,
+// whatever the build.
 TEST(Fp8, CudaIsUnsupported) {
   TestProblem src({{70, 90}}, 4, 2, 64, FP_BFLOAT16, 40);
   const Quantized qz(src, true);
@@ -340,9 +349,47 @@ TEST(Fp8, CudaIsUnsupported) {
     const fp_select_config c = default_config();
     size_t bytes = 0;
     EXPECT_EQ(fp_prefill_workspace_size(&p, &c, &bytes), FP_ERROR_UNSUPPORTED);
-    std::vector<float> means(1);
-    EXPECT_EQ(fp_pool_kv(&p, &c, means.data(), means.data(), nullptr), FP_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(fp_last_error_message()).find("no FP8 kernel"), std::string::npos);
+    EXPECT_EQ(fp_sparse_attention_workspace_size(&p, &c, &bytes), FP_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(fp_last_error_message()).find("no FP8 kernel"), std::string::npos);
+    EXPECT_EQ(fp_dense_attention_workspace_size(&p, &bytes), FP_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(fp_last_error_message()).find("no FP8 kernel"), std::string::npos);
   }
+}
+
+// The CUDA index stage takes e4m3 q, k and v: its entry points pass them on to the device (here
+// only the size queries run: they read no tensor), and refuse a bf16/fp16 q over e4m3 K/V.
+TEST(Fp8, CudaIndexStage) {
+  TestProblem src({{70, 90}}, 4, 2, 64, FP_BFLOAT16, 41);
+  const Quantized qz(src, true);
+  const fp_select_config c = default_config();
+  fp_problem p = qz.fp8();
+  p.device = FP_DEVICE_CUDA;
+  size_t bytes = 0;
+  fp_index_sizes sizes{};
+  const fp_status index_ws = fp_build_index_workspace_size(&p, &c, &bytes);
+  const std::string message = fp_last_error_message();
+  const fp_status sizes_status = fp_index_sizes_query(&p, &c, &sizes);
+  if (fp_cuda_available()) {
+    EXPECT_EQ(index_ws, FP_OK) << message;
+    EXPECT_EQ(sizes_status, FP_OK) << fp_last_error_message();
+  } else {  // the build or the machine has no CUDA, and says that, not that FP8 is refused
+    EXPECT_EQ(index_ws, FP_ERROR_UNSUPPORTED);
+    EXPECT_NE(message.find("no CUDA backend or no sm_90 GPU"), std::string::npos) << message;
+    EXPECT_EQ(sizes_status, FP_ERROR_UNSUPPORTED);
+  }
+
+  p = qz.kv_cache();
+  p.device = FP_DEVICE_CUDA;
+  std::vector<float> means(1);
+  const std::string want = "a bfloat16 q over e4m3 K/V on CUDA: the CUDA index stage takes e4m3 q";
+  EXPECT_EQ(fp_build_index_workspace_size(&p, &c, &bytes), FP_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fp_last_error_message()).find(want), std::string::npos)
+      << fp_last_error_message();
+  EXPECT_EQ(fp_pool_kv(&p, &c, means.data(), means.data(), nullptr), FP_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fp_last_error_message()).find(want), std::string::npos)
+      << fp_last_error_message();
+  EXPECT_EQ(fp_index_sizes_query(&p, &c, &sizes), FP_ERROR_UNSUPPORTED);
 }
 
 }  // namespace

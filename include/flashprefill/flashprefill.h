@@ -150,8 +150,10 @@ typedef struct fp_problem {
    * FP8 problems: dtype = FP_FLOAT8_E4M3 (q, k and v all e4m3), and dtype = FP_BFLOAT16 or
    * FP_FLOAT16 with kv_dtype = FP_FLOAT8_E4M3 (an FP8 KV cache; the library quantizes q to e4m3
    * per (request, KV head) with q_descale, or, when q_descale is NULL, with
-   * c_q = max|q| / 448 over the request's queries of the KV head's group). Only the CPU computes
-   * them for now: on CUDA every call on an FP8 problem returns FP_ERROR_UNSUPPORTED. */
+   * c_q = max|q| / 448 over the request's queries of the KV head's group). The CPU computes
+   * both. On CUDA, for now, only the index stage (fp_build_index, fp_pool_kv, their size
+   * queries and fp_index_density) takes FP8 problems, and only with e4m3 q; every other CUDA
+   * call, and every CUDA call on a bf16/fp16 q over e4m3 K/V, returns FP_ERROR_UNSUPPORTED. */
   fp_dtype kv_dtype;           /* of k and v; FP_FLOAT32 (0) means dtype */
   fp_dtype out_dtype;          /* of out; FP_FLOAT32 (0) means dtype, or FP_BFLOAT16 when dtype
                                   is FP_FLOAT8_E4M3. An FP8 problem writes FP_BFLOAT16 or
@@ -160,7 +162,10 @@ typedef struct fp_problem {
    * for a bf16/fp16 q, NULL means the dynamic c_q above), or float32 on the problem's device,
    * c(b, h) = descale[b * stride_batch + h * stride_head] for request b and KV head h (FA3's
    * [B, Hkv] q_descale / k_descale / v_descale). Strides are in elements and may be 0: a
-   * per-tensor factor is one float with both strides 0. Every factor must be finite and > 0. */
+   * per-tensor factor is one float with both strides 0. Every factor must be finite and > 0
+   * (checked on the CPU, and on CUDA under FP_FLAG_VALIDATE_DEVICE_METADATA, which copies the
+   * factors to the host; otherwise CUDA reads them only in its kernels, and the caller
+   * guarantees them). */
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;

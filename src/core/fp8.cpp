@@ -5,7 +5,9 @@
 #include <cstring>
 #include <string>
 
+#include "core/checked.hpp"
 #include "core/problem.hpp"
+#include "cuda/backend.hpp"
 #include "reference/numerics.hpp"
 
 namespace flashprefill {
@@ -19,18 +21,13 @@ int32_t enum_value(const fp_dtype& field) {
   return bits;
 }
 
-struct Descale {
-  const char* name;
-  const float* data;
-  int64_t stride_batch, stride_head;
-};
+constexpr const char* kDescaleNames[3] = {"q_descale", "k_descale", "v_descale"};
 
-Descale descale(const fp_problem& p, int which) {
-  switch (which) {
-    case 0: return {"q_descale", p.q_descale, p.q_descale_stride_batch, p.q_descale_stride_head};
-    case 1: return {"k_descale", p.k_descale, p.k_descale_stride_batch, p.k_descale_stride_head};
-    default: return {"v_descale", p.v_descale, p.v_descale_stride_batch, p.v_descale_stride_head};
-  }
+// Elements from a descale tensor's first factor to its last, (B - 1) stride_batch +
+// (Hkv - 1) stride_head + 1, in checked arithmetic (strides already >= 0).
+Size descale_span(const fp_problem& p, const Descale& d) {
+  return Size(p.batch_size - 1) * Size(d.stride_batch) +
+         Size(p.num_heads_kv - 1) * Size(d.stride_head) + Size(1);
 }
 
 // c_q = max|q| / 448 over the finite q of request b's queries in KV head h's group (1 when all
@@ -85,13 +82,15 @@ fp_status validate_fp8_fields(const fp_problem& p, Fp8Info* info) {
   info->quantize_q = info->on && info->q_dtype != FP_FLOAT8_E4M3;
 
   for (int which = 0; which < 3; ++which) {
-    const Descale d = descale(p, which);
-    if (d.data != nullptr && !info->on)
-      return invalid(std::string(d.name) + " is set but no tensor is e4m3");
+    const Descale d = descale_of(p, Fp8Tensor(which));
+    const std::string name = kDescaleNames[which];
+    if (d.data != nullptr && !info->on) return invalid(name + " is set but no tensor is e4m3");
     if (d.stride_batch < 0 || d.stride_head < 0)
-      return invalid(std::string(d.name) + " strides must be >= 0 (batch " +
-                     std::to_string(d.stride_batch) + ", head " + std::to_string(d.stride_head) +
-                     ")");
+      return invalid(name + " strides must be >= 0 (batch " + std::to_string(d.stride_batch) +
+                     ", head " + std::to_string(d.stride_head) + ")");
+    if (d.data != nullptr && !descale_span(p, d).fits(kMaxElements))
+      return invalid(name + " strides (batch " + std::to_string(d.stride_batch) + ", head " +
+                     std::to_string(d.stride_head) + ") span more than 2^48 elements");
   }
   return FP_OK;
 }
@@ -101,7 +100,16 @@ fp_status load_fp8_scales(const fp_problem& p, const std::vector<int32_t>& cu_q,
   const size_t n = size_t(p.batch_size) * p.num_heads_kv;
   std::vector<float>* out[3] = {&info->cq, &info->ck, &info->cv};
   for (int which = 0; which < 3; ++which) {
-    const Descale d = descale(p, which);
+    Descale d = descale_of(p, Fp8Tensor(which));
+    std::vector<float> device_copy;  // CUDA: the span of the factors, copied to the host
+    if (d.data != nullptr && p.device == FP_DEVICE_CUDA) {
+      device_copy.resize(size_t(descale_span(p, d).value()));
+      if (fp_status s = cuda::copy_to_host(device_copy.data(), d.data,
+                                           device_copy.size() * sizeof(float), p.stream);
+          s != FP_OK)
+        return s;
+      d.data = device_copy.data();
+    }
     out[which]->assign(n, 1.f);
     for (int32_t b = 0; b < p.batch_size; ++b)
       for (int32_t h = 0; h < p.num_heads_kv; ++h) {
@@ -110,12 +118,13 @@ fp_status load_fp8_scales(const fp_problem& p, const std::vector<int32_t>& cu_q,
           if (which == 0 && info->quantize_q) c = dynamic_q_descale(p, cu_q, b, h);
           continue;
         }
-        c = d.data[b * d.stride_batch + h * d.stride_head];
+        c = d(b, h);
         if (!std::isfinite(c) || c <= 0.f) {
           char value[32];
           std::snprintf(value, sizeof value, "%g", double(c));
-          return invalid(std::string(d.name) + "[request " + std::to_string(b) + ", kv head " +
-                         std::to_string(h) + "] = " + value + " must be finite and > 0");
+          return invalid(std::string(kDescaleNames[which]) + "[request " + std::to_string(b) +
+                         ", kv head " + std::to_string(h) + "] = " + value +
+                         " must be finite and > 0");
         }
       }
   }

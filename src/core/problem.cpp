@@ -170,6 +170,24 @@ fp_status validate_tuning(const fp_problem& p) {
   return FP_OK;
 }
 
+// FP8 problems on CUDA, per entry point: the index stage takes e4m3 q, k and v (its descales
+// read on the device); the attention stage has no FP8 kernel yet; and no CUDA stage quantizes a
+// bfloat16 / float16 q over e4m3 K/V.
+fp_status check_cuda_fp8(const Fp8Info& fp8, EntryStages stages) {
+  if (!fp8.on) return FP_OK;
+  if (stages == EntryStages::kAttention)
+    return fail(FP_ERROR_UNSUPPORTED,
+                "FP8 e4m3 K/V on CUDA: the CUDA attention has no FP8 kernel yet (the CUDA index "
+                "stage, fp_build_index and fp_pool_kv, takes e4m3 q, k and v; the CPU computes "
+                "FP8 problems)");
+  if (fp8.quantize_q)
+    return fail(FP_ERROR_UNSUPPORTED,
+                std::string("a ") + dtype_name(fp8.q_dtype) + " q over e4m3 K/V on CUDA: the "
+                "CUDA index stage takes e4m3 q, k and v (quantize q with its q_descale first; "
+                "the CPU computes this problem)");
+  return FP_OK;
+}
+
 }  // namespace
 
 fp_status host_copy(const fp_problem& p, const int32_t* src, size_t count,
@@ -227,7 +245,7 @@ KvAddress ProblemInfo::kv_address(int32_t b, bool value) const {
   return a;
 }
 
-fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
+fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, EntryStages stages) {
   if (problem == nullptr) return invalid("problem is NULL");
   const fp_problem& p = *problem;
   info->p = problem;
@@ -305,10 +323,7 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info) {
     }
   }
   if (p.device == FP_DEVICE_CUDA) {
-    if (info->fp8.on)
-      return fail(FP_ERROR_UNSUPPORTED,
-                  "FP8 e4m3 K/V on CUDA: the CUDA path has no FP8 kernel yet (the CPU computes "
-                  "FP8 problems; on CUDA pass bfloat16 or float16)");
+    if (fp_status s = check_cuda_fp8(info->fp8, stages); s != FP_OK) return s;
     if (!cuda::available())
       return fail(FP_ERROR_UNSUPPORTED,
                   "device is FP_DEVICE_CUDA but this build has no CUDA backend or no sm_90 GPU "

@@ -51,7 +51,13 @@ struct ProblemInfo {
 // callers keep across chunked-prefill calls, so it is lowered only where the means are internal.
 fp_problem clamp_bounds(const fp_problem& problem, bool keys);
 
-fp_status validate_problem(const fp_problem* problem, ProblemInfo* info);
+// The stages an entry point runs: the index stage alone (fp_index_sizes_query, fp_build_index
+// and its workspace query, fp_pool_kv, fp_index_density) or the attention stage (the sparse,
+// dense and prefill calls and their workspace queries). On CUDA, validate_problem refuses the
+// FP8 problems that the entry point's stages do not compute.
+enum class EntryStages { kIndex, kAttention };
+
+fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, EntryStages stages);
 fp_status validate_config(const fp_select_config* config, bool need_block_size);
 
 // The index sizes; valid once check_index_sizes returned FP_OK for the same problem and config.

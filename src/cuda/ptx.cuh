@@ -1,13 +1,15 @@
 // The PTX instructions that the CUDA stages issue directly, for both the index stage
 // (cuda/index/) and the attention kernel (cuda/attention/): 16-byte async copies and their
 // waits, L2 prefetches, TMA tensor loads, ldmatrix / stmatrix, the m16n8k16 tensor-core product,
-// the fast base-2 exponential and the float <-> 16-bit conversions. The mbarrier and named-barrier
+// the fast base-2 exponential, the float <-> 16-bit conversions and the index stage's e4m3
+// conversions (cuda_fp8.h's intrinsics: cvt on sm_89 and later). The mbarrier and named-barrier
 // wrappers of the attention pipeline are in cuda/attention/barriers.hpp.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -150,5 +152,25 @@ __device__ __forceinline__ __half round_to<__half>(float x) {
 
 __device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float widen(__half x) { return __half2float(x); }
+
+// The four e4m3 values of a 32-bit word, lowest byte first, as floats: exact (every e4m3 value
+// is an fp16 value), NaN kept.
+__device__ __forceinline__ void widen_e4m3x4(uint32_t word, float (&out)[4]) {
+#pragma unroll
+  for (int pair = 0; pair < 2; ++pair) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        __nv_fp8x2_storage_t((word >> (16 * pair)) & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    out[2 * pair] = f.x;
+    out[2 * pair + 1] = f.y;
+  }
+}
+
+// round_e4m3(x) of docs/ALGORITHM.md ("FP8 e4m3") as a float: nearest even, finite values past
+// 448 and infinities to +-448, NaN kept (cvt.rn.satfinite.e4m3x2.f32).
+__device__ __forceinline__ float round_e4m3(float x) {
+  const __nv_fp8_storage_t r = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(r, __NV_E4M3)));
+}
 
 }  // namespace flashprefill::cuda

@@ -1,8 +1,10 @@
 // GPU check of the index stage: the public C ABI with device = CPU (the reference) and device =
 // CUDA on the same inputs, compared per docs/ALGORITHM.md (pooled means within bf16 rounding,
-// identical CSR except blocks inside the near-threshold band), plus CUDA-graph capture and replay,
-// incremental pooling, and the errors bad inputs get. Fresh random inputs every run; every GPU
-// output is poisoned first. Exit status 0 only when every case passes.
+// identical CSR except blocks inside the near-threshold band), for bfloat16, float16 and FP8
+// e4m3 q, k and v (descales per request and KV head, per tensor or none), the public pooling and
+// FP_FLAG_MEANS_POOLED against it, plus CUDA-graph capture and replay, incremental pooling, and
+// the errors bad inputs get. Fresh random inputs every run; every GPU output is poisoned first.
+// Exit status 0 only when every case passes.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -78,6 +80,11 @@ struct DeviceBuffer {
 
 enum class Data { kRandom, kStructured };
 
+// The descale factors of an e4m3 case's q, k and v (docs/ALGORITHM.md "FP8 e4m3"): none (NULL,
+// c = 1), one per tensor (both strides 0), or one per (request, KV head) as FA3's [B, Hkv]
+// tensors, or as their transpose [Hkv, B] (stride_batch 1).
+enum class Descales { kNone, kPerTensor, kPerHead, kPerHeadTransposed };
+
 struct Case {
   std::string name;
   std::vector<int32_t> len_q, len_kv;
@@ -86,18 +93,35 @@ struct Case {
   int32_t page_size = 0;  // 0 = contiguous KV
   Data data = Data::kStructured;
   fp_select_config config{};
+  Descales descales = Descales::kPerHead;  // e4m3 cases only
 };
 
-// Host data of one case, in the dtype's 16-bit storage, and its device copies.
+bool is_e4m3(const Case& c) { return c.dtype == FP_FLOAT8_E4M3; }
+
+// One tensor's descales: c(b, h) = factors[b * stride_batch + h * stride_head].
+struct DescaleSet {
+  std::vector<float> factors;
+  int64_t stride_batch = 0, stride_head = 0;
+  float at(int32_t b, int32_t h) const {
+    return factors.empty() ? 1.f : factors[b * stride_batch + h * stride_head];
+  }
+};
+
+// Host data of one case in the dtype's storage (2 or 1 bytes an element; e4m3 with its
+// descales: stored value = round_e4m3(x / c)), and its device copies.
 struct Problem {
   const Case& c;
   int32_t batch, max_q = 0, max_kv = 0, num_pages = 0, max_pages = 0;
+  size_t elem;  // bytes per element
   std::vector<int32_t> cu_q{0}, cu_k{0}, seqlens_k, page_table;
-  std::vector<uint16_t> q, k, v;  // q [total_q, Hq, D]; k, v [total_k or pages*ps, Hkv, D]
-  DeviceBuffer<uint16_t> dq, dk, dv;
+  std::vector<uint8_t> q, k, v;  // q [total_q, Hq, D]; k, v [total_k or pages*ps, Hkv, D]
+  DescaleSet descale[3];         // q, k, v (e4m3 only)
+  DeviceBuffer<uint8_t> dq, dk, dv;
+  DeviceBuffer<float> ddescale[3];
   DeviceBuffer<int32_t> dcu_q, dcu_k, dseqlens_k, dpage_table;
 
-  explicit Problem(const Case& cs) : c(cs), batch(int32_t(cs.len_q.size())) {
+  explicit Problem(const Case& cs)
+      : c(cs), batch(int32_t(cs.len_q.size())), elem(is_e4m3(cs) ? 1 : 2) {
     for (int32_t b = 0; b < batch; ++b) {
       cu_q.push_back(cu_q.back() + c.len_q[b]);
       cu_k.push_back(cu_k.back() + c.len_kv[b]);
@@ -107,9 +131,14 @@ struct Problem {
     }
     fill();
     if (c.page_size > 0) page();
-    dq = DeviceBuffer<uint16_t>(q.size());
+    dq = DeviceBuffer<uint8_t>(q.size());
     dq.upload(q);
     upload_kv();
+    for (int t = 0; t < 3; ++t)
+      if (!descale[t].factors.empty()) {
+        ddescale[t] = DeviceBuffer<float>(descale[t].factors.size());
+        ddescale[t].upload(descale[t].factors);
+      }
     dcu_q = DeviceBuffer<int32_t>(cu_q.size());
     dcu_q.upload(cu_q);
     dcu_k = DeviceBuffer<int32_t>(cu_k.size());
@@ -122,15 +151,31 @@ struct Problem {
     }
   }
 
-  uint16_t narrow(float x) const {
-    return c.dtype == FP_BFLOAT16 ? flashprefill::ref::float_to_bf16(x)
-                                  : flashprefill::ref::float_to_fp16(x);
+  // Element i of a tensor: stores x (the real value; e4m3: x / c, c = the descale of (b, h)),
+  // and reads the stored value back, widened (e4m3: the e4m3 value, not dequantized).
+  void put(std::vector<uint8_t>& t, size_t i, float x, float scale = 1.f) const {
+    namespace ref = flashprefill::ref;
+    if (is_e4m3(c)) {
+      t[i] = ref::float_to_e4m3(x * (1.f / scale));
+      return;
+    }
+    const uint16_t bits = c.dtype == FP_BFLOAT16 ? ref::float_to_bf16(x) : ref::float_to_fp16(x);
+    std::memcpy(&t[2 * i], &bits, 2);
+  }
+  float get(const std::vector<uint8_t>& t, size_t i) const {
+    namespace ref = flashprefill::ref;
+    if (is_e4m3(c)) return ref::e4m3_to_float(t[i]);
+    uint16_t bits;
+    std::memcpy(&bits, &t[2 * i], 2);
+    return c.dtype == FP_BFLOAT16 ? ref::bf16_to_float(bits) : ref::fp16_to_float(bits);
   }
 
   // Structured data: each KV head has a direction u; keys of block J carry strength s_J along
-  // it and queries lean towards it, so block energies spread over orders of magnitude.
+  // it and queries lean towards it, so block energies spread over orders of magnitude. e4m3:
+  // quantized with descales from each (request, KV head)'s largest |x| (c = max|x| / 448 times
+  // a random factor in [1, 4), so the heads' factors differ), as the case's Descales says.
   void fill() {
-    const int32_t d = c.head_dim, hq = c.heads_q, hkv = c.heads_kv;
+    const int32_t d = c.head_dim, hq = c.heads_q, hkv = c.heads_kv, g = hq / hkv;
     std::normal_distribution<float> normal(0.f, 1.f);
     std::uniform_real_distribution<float> uniform(-1.f, 1.5f);
     const bool structured = c.data == Data::kStructured;
@@ -140,37 +185,96 @@ struct Problem {
     const int32_t bs = 64;  // strengths vary per 64 keys, finer than any block
     std::vector<float> strength(size_t(hkv) * (max_kv / bs + 1));
     for (auto& s : strength) s = uniform(rng());
-    q.resize(size_t(cu_q.back()) * hq * d);
+    std::vector<float> qf(size_t(cu_q.back()) * hq * d);
     for (int64_t t = 0; t < cu_q.back(); ++t)
       for (int32_t h = 0; h < hq; ++h)
         for (int32_t i = 0; i < d; ++i) {
-          const float lean = structured ? 0.5f * dir[size_t(h / (hq / hkv)) * d + i] : 0.f;
-          q[(size_t(t) * hq + h) * d + i] = narrow(noise * normal(rng()) + lean);
+          const float lean = structured ? 0.5f * dir[size_t(h / g) * d + i] : 0.f;
+          qf[(size_t(t) * hq + h) * d + i] = noise * normal(rng()) + lean;
         }
-    k.resize(size_t(cu_k.back()) * hkv * d);
-    v.resize(k.size());
+    std::vector<float> kf(size_t(cu_k.back()) * hkv * d), vf(kf.size());
     for (int32_t b = 0; b < batch; ++b)
       for (int32_t j = 0; j < c.len_kv[b]; ++j)
         for (int32_t h = 0; h < hkv; ++h) {
           const float s = structured ? strength[size_t(h) * (max_kv / bs + 1) + j / bs] : 0.f;
           for (int32_t i = 0; i < d; ++i) {
             const size_t at = (size_t(cu_k[b] + j) * hkv + h) * d + i;
-            k[at] = narrow(noise * normal(rng()) + s * dir[size_t(h) * d + i]);
-            v[at] = narrow(normal(rng()));
+            kf[at] = noise * normal(rng()) + s * dir[size_t(h) * d + i];
+            vf[at] = normal(rng());
+          }
+        }
+    if (is_e4m3(c)) {
+      choose_descales(0, qf, cu_q, hq);
+      choose_descales(1, kf, cu_k, hkv);
+      choose_descales(2, vf, cu_k, hkv);
+    }
+    encode(0, qf, q, cu_q, hq);
+    encode(1, kf, k, cu_k, hkv);
+    encode(2, vf, v, cu_k, hkv);
+  }
+
+  // The descales of tensor t (0 = q, 1 = k, 2 = v) for its float values x, whose rows of
+  // request b are cu[b] .. cu[b + 1], `heads` heads each (a KV head's group for q).
+  void choose_descales(int t, const std::vector<float>& x, const std::vector<int32_t>& cu,
+                       int32_t heads) {
+    const int32_t hkv = c.heads_kv, group = heads / hkv, d = c.head_dim;
+    DescaleSet& s = descale[t];
+    if (c.descales == Descales::kNone) return;
+    std::uniform_real_distribution<float> factor(1.f, 4.f);
+    std::vector<float> amax(size_t(batch) * hkv, 0.f);
+    for (int32_t b = 0; b < batch; ++b)
+      for (int64_t r = cu[b]; r < cu[b + 1]; ++r)
+        for (int32_t h = 0; h < heads; ++h)
+          for (int32_t i = 0; i < d; ++i) {
+            float& a = amax[size_t(b) * hkv + h / group];
+            a = std::max(a, std::fabs(x[(size_t(r) * heads + h) * d + i]));
+          }
+    if (c.descales == Descales::kPerTensor) {
+      const float all = *std::max_element(amax.begin(), amax.end());
+      s.factors = {all > 0.f ? all / 448.f * factor(rng()) : 1.f};
+      return;
+    }
+    const bool transposed = c.descales == Descales::kPerHeadTransposed;
+    s.stride_batch = transposed ? 1 : hkv;
+    s.stride_head = transposed ? batch : 1;
+    s.factors.assign(size_t(batch) * hkv, 1.f);
+    for (int32_t b = 0; b < batch; ++b)
+      for (int32_t h = 0; h < hkv; ++h) {
+        const float a = amax[size_t(b) * hkv + h];
+        s.factors[b * s.stride_batch + h * s.stride_head] =
+            a > 0.f ? a / 448.f * factor(rng()) : 1.f;
+      }
+  }
+
+  // Stores the float values x of tensor t into `out`, with the descale of each row's (request,
+  // KV head).
+  void encode(int t, const std::vector<float>& x, std::vector<uint8_t>& out,
+              const std::vector<int32_t>& cu, int32_t heads) const {
+    const int32_t group = heads / c.heads_kv, d = c.head_dim;
+    out.assign(x.size() * elem, 0);
+    for (int32_t b = 0; b < batch; ++b)
+      for (int64_t r = cu[b]; r < cu[b + 1]; ++r)
+        for (int32_t h = 0; h < heads; ++h) {
+          const float scale = descale[t].at(b, h / group);
+          for (int32_t i = 0; i < d; ++i) {
+            const size_t at = (size_t(r) * heads + h) * d + i;
+            put(out, at, x[at], scale);
           }
         }
   }
 
-  // Fresh values for every stored element, layout unchanged.
+  // Fresh values for every stored element, layout and descales unchanged.
   void scramble() {
     std::normal_distribution<float> normal(0.f, 1.f);
     for (auto* t : {&q, &k, &v})
-      for (auto& x : *t) x = narrow(normal(rng()));
+      for (size_t i = 0; i < t->size() / elem; ++i)
+        put(*t, i, is_e4m3(c) ? 64.f * normal(rng()) : normal(rng()));
   }
 
   // Moves the keys into shuffled pages; unused table entries hold out-of-range page ids.
   void page() {
-    const int32_t ps = c.page_size, row = c.heads_kv * c.head_dim;
+    const int32_t ps = c.page_size;
+    const size_t row = size_t(c.heads_kv) * c.head_dim * elem;  // bytes of one token
     for (int32_t b = 0; b < batch; ++b)
       max_pages = std::max<int32_t>(max_pages, int32_t((c.len_kv[b] + ps - 1) / ps));
     max_pages += 1;
@@ -180,25 +284,27 @@ struct Problem {
     for (int32_t i = 0; i < num_pages; ++i) order.push_back(i);
     std::shuffle(order.begin(), order.end(), rng());
     page_table.assign(size_t(batch) * max_pages, num_pages + 7);
-    std::vector<uint16_t> kc(size_t(num_pages) * ps * row), vc(kc.size());
-    for (auto& x : kc) x = narrow(1e4f);  // rows no key maps to: poison for the pooling
-    for (auto& x : vc) x = narrow(1e4f);
+    std::vector<uint8_t> kc(size_t(num_pages) * ps * row), vc(kc.size());
+    for (size_t i = 0; i < kc.size() / elem; ++i) {  // rows no key maps to: poison for the pooling
+      put(kc, i, 1e4f);
+      put(vc, i, 1e4f);
+    }
     int32_t next = 0;
     for (int32_t b = 0; b < batch; ++b)
       for (int32_t j = 0; j < c.len_kv[b]; ++j) {
         if (j % ps == 0) page_table[size_t(b) * max_pages + j / ps] = order[next++];
         const int32_t pg = page_table[size_t(b) * max_pages + j / ps];
-        std::memcpy(&kc[(size_t(pg) * ps + j % ps) * row], &k[size_t(cu_k[b] + j) * row], row * 2);
-        std::memcpy(&vc[(size_t(pg) * ps + j % ps) * row], &v[size_t(cu_k[b] + j) * row], row * 2);
+        std::memcpy(&kc[(size_t(pg) * ps + j % ps) * row], &k[size_t(cu_k[b] + j) * row], row);
+        std::memcpy(&vc[(size_t(pg) * ps + j % ps) * row], &v[size_t(cu_k[b] + j) * row], row);
       }
     k.swap(kc);
     v.swap(vc);
   }
 
   void upload_kv() {
-    dk = DeviceBuffer<uint16_t>(k.size());
+    dk = DeviceBuffer<uint8_t>(k.size());
     dk.upload(k);
-    dv = DeviceBuffer<uint16_t>(v.size());
+    dv = DeviceBuffer<uint8_t>(v.size());
     dv.upload(v);
   }
 
@@ -237,21 +343,42 @@ struct Problem {
       p.total_k = cu_k.back();
       p.cu_seqlens_k = gpu ? dcu_k.ptr : cu_k.data();
     }
+    const float* factors[3];
+    for (int t = 0; t < 3; ++t)
+      factors[t] = descale[t].factors.empty() ? nullptr
+                   : gpu                      ? ddescale[t].ptr
+                                              : descale[t].factors.data();
+    p.q_descale = factors[0];
+    p.k_descale = factors[1];
+    p.v_descale = factors[2];
+    p.q_descale_stride_batch = descale[0].stride_batch;
+    p.q_descale_stride_head = descale[0].stride_head;
+    p.k_descale_stride_batch = descale[1].stride_batch;
+    p.k_descale_stride_head = descale[1].stride_head;
+    p.v_descale_stride_batch = descale[2].stride_batch;
+    p.v_descale_stride_head = descale[2].stride_head;
     return p;
   }
 
-  // Query row vector of packed row r of (b, h), widened.
+  // Query row vector of packed row r of (b, h) as the scoring operand: widened (e4m3: q~).
   std::vector<float> query(int32_t b, int32_t h, int64_t r) const {
     const int32_t g = c.heads_q / c.heads_kv, d = c.head_dim;
     const int64_t token = cu_q[b] + r / g;
     const int32_t head = h * g + int32_t(r % g);
     std::vector<float> out(d);
-    for (int32_t i = 0; i < d; ++i) out[i] = widen(q[(size_t(token) * c.heads_q + head) * d + i]);
+    for (int32_t i = 0; i < d; ++i) out[i] = get(q, (size_t(token) * c.heads_q + head) * d + i);
     return out;
   }
-  float widen(uint16_t x) const {
-    return c.dtype == FP_BFLOAT16 ? flashprefill::ref::bf16_to_float(x)
-                                  : flashprefill::ref::fp16_to_float(x);
+  // rho of a pooled key mean of (b, h) (docs/ALGORITHM.md): the dtype's rounding, or e4m3
+  // round_e4m3(mean * (1 / c_k)).
+  float rho(float mean, int32_t b, int32_t h) const {
+    namespace ref = flashprefill::ref;
+    if (is_e4m3(c)) return ref::round_to_e4m3(mean * (1.f / descale[1].at(b, h)));
+    return ref::round_to_dtype(mean, c.dtype);
+  }
+  // The factor of q~ . rho(k_mean) in the logits of (b, h): c_q c_k (1 unless e4m3).
+  double logit_descale(int32_t b, int32_t h) const {
+    return double(descale[0].at(b, h)) * descale[1].at(b, h);
   }
 };
 
@@ -319,7 +446,8 @@ struct Result {
   }
 };
 
-// R_J = E_J / E_max of one segment in float64 from the reference's pooled means.
+// R_J = E_J / E_max of one segment in float64 from the reference's pooled means, rounded by rho
+// (e4m3: with the keys' descale, and the logits times c_q c_k).
 std::vector<double> energy_ratios(const Problem& pr, const fp_select_config& config,
                                   const HostIndex& ref, int32_t max_blocks, int32_t b, int32_t h,
                                   int32_t tile) {
@@ -327,12 +455,12 @@ std::vector<double> energy_ratios(const Problem& pr, const fp_select_config& con
   const SeqGeometry seq{pr.c.len_q[b], pr.c.len_kv[b], g};
   const BlockGeometry blocks{config.block_size, seq.len_kv};
   const int32_t candidates = blocks.num_candidates(seq.pmax(tile));
-  const double scale = 1.0 / std::sqrt(double(d)) * 1.4426950408889634;
+  const double scale = 1.0 / std::sqrt(double(d)) * 1.4426950408889634 * pr.logit_descale(b, h);
   std::vector<float> kbar(size_t(candidates) * d);
   for (int32_t j = 0; j < candidates; ++j)
     for (int32_t i = 0; i < d; ++i)
-      kbar[size_t(j) * d + i] = pr.widen(pr.narrow(
-          ref.k_mean[((size_t(b) * pr.c.heads_kv + h) * max_blocks + j) * d + i]));
+      kbar[size_t(j) * d + i] =
+          pr.rho(ref.k_mean[((size_t(b) * pr.c.heads_kv + h) * max_blocks + j) * d + i], b, h);
   std::vector<std::vector<double>> x;
   double m = -INFINITY;
   for (int64_t r = seq.tile_row_begin(tile); r < seq.tile_row_end(tile); ++r) {
@@ -427,6 +555,46 @@ void compare_index(const Problem& pr, const fp_select_config& config, const fp_i
   }
 }
 
+// Whether two [B, Hkv, max_blocks, D] mean buffers agree bit for bit on every block of every
+// request (the entries past a request's blocks are never written).
+bool same_means(const Problem& pr, const fp_select_config& config, const fp_index_sizes& s,
+                const std::vector<float>& a, const std::vector<float>& b) {
+  const int32_t d = pr.c.head_dim;
+  for (int32_t r = 0; r < pr.batch; ++r) {
+    const BlockGeometry blocks{config.block_size, pr.c.len_kv[r]};
+    for (int32_t h = 0; h < pr.c.heads_kv; ++h) {
+      const size_t at = (size_t(r) * pr.c.heads_kv + h) * s.max_blocks * d;
+      if (std::memcmp(&a[at], &b[at], size_t(blocks.num_blocks()) * d * sizeof(float)) != 0)
+        return false;
+    }
+  }
+  return true;
+}
+
+// fp_pool_kv into fresh buffers, then fp_build_index under FP_FLAG_MEANS_POOLED over them: the
+// means and the index of fp_build_index pooling itself, bit for bit (the same kernels; under the
+// flag the rounded key means are made again from the kept ones).
+void compare_pooled_entry(const Problem& pr, const fp_select_config& config,
+                          const fp_index_sizes& s, size_t ws, const HostIndex& built,
+                          Result& res) {
+  fp_problem gp = pr.view(FP_DEVICE_CUDA);
+  GpuIndex gi(s, ws);
+  gi.poison();
+  FP_CHECK(fp_pool_kv(&gp, &config, gi.k_mean.ptr, config.mean_correction ? gi.v_mean.ptr : nullptr,
+                      nullptr));
+  gp.flags |= FP_FLAG_MEANS_POOLED;
+  FP_CHECK(fp_build_index(&gp, &config, &gi.view, gi.workspace.ptr, ws));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const HostIndex got = gi.download();
+  if (!same_means(pr, config, s, got.k_mean, built.k_mean) ||
+      (config.mean_correction && !same_means(pr, config, s, got.v_mean, built.v_mean)))
+    return res.fail("fp_pool_kv's means differ from fp_build_index's");
+  const int64_t used = built.cu[s.num_segments];
+  if (got.cu != built.cu ||
+      !std::equal(built.idx.begin(), built.idx.begin() + used, got.idx.begin()))
+    res.fail("fp_build_index under FP_FLAG_MEANS_POOLED differs from pooling itself");
+}
+
 Result check_case(const Case& c) {
   Result res;
   const Problem pr(c);
@@ -444,6 +612,7 @@ Result check_case(const Case& c) {
   compare_means(pr, c.config, s, ref.k_mean, gpu.k_mean, "k_mean", res);
   if (c.config.mean_correction) compare_means(pr, c.config, s, ref.v_mean, gpu.v_mean, "v_mean", res);
   if (res.ok) compare_index(pr, c.config, s, ref, gpu, res);
+  if (res.ok) compare_pooled_entry(pr, c.config, s, ws, gpu, res);
   return res;
 }
 
@@ -539,6 +708,8 @@ Result check_incremental(const Case& c, int32_t prefix) {
     }
     p.mean[0] = k_mean;
     p.mean[1] = v_mean;
+    p.descale[0] = flashprefill::descale_of(gp, flashprefill::Fp8Tensor::kK);
+    p.descale[1] = flashprefill::descale_of(gp, flashprefill::Fp8Tensor::kV);
     p.k_rounded = rounded;
     return p;
   };
@@ -574,6 +745,36 @@ Result check_incremental(const Case& c, int32_t prefix) {
   return res;
 }
 
+// A case's index sizes and workspace on CUDA, with an index of them on each device (host: a
+// 1 MiB workspace, more than the CPU asks for) for the error checks.
+struct ErrorBuffers {
+  fp_index_sizes s{};
+  size_t ws = 0;
+  GpuIndex gpu;
+  HostIndex host;
+  std::vector<char> host_ws;
+
+  ErrorBuffers(const fp_problem& gp, const fp_select_config& config)
+      : s(sizes(gp, config)), ws(workspace(gp, config)), gpu(s, ws),
+        host{std::vector<int32_t>(s.num_segments + 1), std::vector<int32_t>(s.idx_capacity + 1),
+             std::vector<float>(s.mean_elements + 1), std::vector<float>(s.mean_elements + 1)},
+        host_ws(1 << 20) {}
+  fp_index host_index() {
+    return fp_index{host.cu.data(), host.idx.data(), host.k_mean.data(), host.v_mean.data(),
+                    s.idx_capacity};
+  }
+  static fp_index_sizes sizes(const fp_problem& gp, const fp_select_config& config) {
+    fp_index_sizes out{};
+    FP_CHECK(fp_index_sizes_query(&gp, &config, &out));
+    return out;
+  }
+  static size_t workspace(const fp_problem& gp, const fp_select_config& config) {
+    size_t out = 0;
+    FP_CHECK(fp_build_index_workspace_size(&gp, &config, &out));
+    return out;
+  }
+};
+
 // Bad inputs: the CUDA call must return the same status as the CPU call.
 Result check_errors(const Case& c) {
   Result res;
@@ -593,23 +794,18 @@ Result check_errors(const Case& c) {
       {"idx_capacity small", [](fp_problem&, fp_select_config&, fp_index& i) { i.idx_capacity -= 1; }},
       {"batch 0", [](fp_problem& p, fp_select_config&, fp_index&) { p.batch_size = 0; }},
   };
-  fp_index_sizes s{};
   const fp_problem gp0 = pr.view(FP_DEVICE_CUDA);
-  FP_CHECK(fp_index_sizes_query(&gp0, &c.config, &s));
-  size_t ws = 0;
-  FP_CHECK(fp_build_index_workspace_size(&gp0, &c.config, &ws));
-  GpuIndex gi(s, ws);
-  HostIndex hi{std::vector<int32_t>(s.num_segments + 1), std::vector<int32_t>(s.idx_capacity + 1),
-               std::vector<float>(s.mean_elements + 1), std::vector<float>(s.mean_elements + 1)};
-  std::vector<char> host_ws(1 << 20);
+  ErrorBuffers buf(gp0, c.config);
+  const size_t ws = buf.ws;
+  GpuIndex& gi = buf.gpu;
   for (const Bad& bad : bads) {
     fp_problem cp = pr.view(FP_DEVICE_CPU), gp = pr.view(FP_DEVICE_CUDA);
     fp_select_config cc = c.config, gc = c.config;
-    fp_index ci{hi.cu.data(), hi.idx.data(), hi.k_mean.data(), hi.v_mean.data(), s.idx_capacity};
+    fp_index ci = buf.host_index();
     fp_index gx = gi.view;
     bad.apply(cp, cc, ci);
     bad.apply(gp, gc, gx);
-    const fp_status a = fp_build_index(&cp, &cc, &ci, host_ws.data(), host_ws.size());
+    const fp_status a = fp_build_index(&cp, &cc, &ci, buf.host_ws.data(), buf.host_ws.size());
     const fp_status b = fp_build_index(&gp, &gc, &gx, gi.workspace.ptr, ws);
     ++res.segments;
     if (a != b || a == FP_OK)
@@ -624,14 +820,82 @@ Result check_errors(const Case& c) {
   return res;
 }
 
+// What the index stage refuses of an e4m3 case (per-head descales): a descale factor that is not
+// finite and > 0, which CUDA checks under FP_FLAG_VALIDATE_DEVICE_METADATA (copying the
+// factors to the host) with the CPU's status and message, and a bfloat16 q over e4m3 K/V, which
+// only the CPU computes. Under the flag valid factors build the index.
+Result check_fp8_errors(const Case& c) {
+  Result res;
+  Problem pr(c);
+  ErrorBuffers buf(pr.view(FP_DEVICE_CUDA), c.config);
+  const size_t ws = buf.ws;
+  GpuIndex& gi = buf.gpu;
+  fp_index ci = buf.host_index();
+  struct Outcome {
+    fp_status status;
+    std::string message;
+  };
+  auto build = [&](fp_device device) {  // the flag set on CUDA
+    fp_problem p = pr.view(device);
+    p.flags |= device == FP_DEVICE_CUDA ? FP_FLAG_VALIDATE_DEVICE_METADATA : 0u;
+    const fp_status st =
+        device == FP_DEVICE_CUDA
+            ? fp_build_index(&p, &c.config, &gi.view, gi.workspace.ptr, ws)
+            : fp_build_index(&p, &c.config, &ci, buf.host_ws.data(), buf.host_ws.size());
+    return Outcome{st, fp_last_error_message()};
+  };
+  const char* names[3] = {"q_descale", "k_descale", "v_descale"};
+  for (int t = 0; t < 3; ++t)
+    for (float bad : {0.f, -1.f, NAN, INFINITY}) {
+      DescaleSet& d = pr.descale[t];
+      const size_t last =
+          size_t((pr.batch - 1) * d.stride_batch + (c.heads_kv - 1) * d.stride_head);
+      const float kept = d.factors[last];
+      d.factors[last] = bad;
+      pr.ddescale[t].upload(d.factors);
+      const Outcome cpu = build(FP_DEVICE_CPU), gpu = build(FP_DEVICE_CUDA);
+      ++res.segments;
+      if (cpu.status != FP_ERROR_INVALID_ARGUMENT || gpu.status != cpu.status ||
+          gpu.message != cpu.message || cpu.message.find(names[t]) == std::string::npos)
+        res.fail(std::string(names[t]) + " = " + std::to_string(bad) + ": CPU " +
+                 fp_status_string(cpu.status) + " (" + cpu.message + "), CUDA " +
+                 fp_status_string(gpu.status) + " (" + gpu.message + ")");
+      d.factors[last] = kept;
+      pr.ddescale[t].upload(d.factors);
+    }
+  {
+    const Outcome cpu = build(FP_DEVICE_CPU), gpu = build(FP_DEVICE_CUDA);
+    ++res.segments;
+    if (cpu.status != FP_OK || gpu.status != FP_OK)
+      res.fail("valid descales under FP_FLAG_VALIDATE_DEVICE_METADATA: CPU " + cpu.message +
+               ", CUDA " + gpu.message);
+  }
+  {  // bfloat16 q over the e4m3 K/V: refused on CUDA before anything is read
+    DeviceBuffer<uint16_t> q16(pr.q.size());
+    fp_problem p = pr.view(FP_DEVICE_CUDA);
+    p.dtype = FP_BFLOAT16;
+    p.kv_dtype = FP_FLOAT8_E4M3;
+    p.q = q16.ptr;
+    const fp_status a = fp_build_index(&p, &c.config, &gi.view, gi.workspace.ptr, ws);
+    const std::string ma = fp_last_error_message();
+    const fp_status b = fp_pool_kv(&p, &c.config, gi.k_mean.ptr, nullptr, nullptr);
+    res.segments += 2;
+    if (a != FP_ERROR_UNSUPPORTED || b != FP_ERROR_UNSUPPORTED ||
+        ma.find("q over e4m3 K/V on CUDA") == std::string::npos)
+      res.fail(std::string("bfloat16 q over e4m3 K/V: ") + fp_status_string(a) + " (" + ma + ")");
+  }
+  return res;
+}
+
 fp_select_config config(int32_t block_size = 128, float alpha = 0.1f, int32_t sink = 256,
                         int32_t window = 512, int32_t recent = 1, int32_t correction = 1) {
   return fp_select_config{block_size, alpha, sink, window, recent, correction};
 }
 
 Case single(const char* name, int32_t len, int32_t hq, int32_t hkv, int32_t d, int32_t page,
-            fp_dtype dtype = FP_BFLOAT16, Data data = Data::kStructured) {
-  return Case{name, {len}, {len}, hq, hkv, d, dtype, page, data, config()};
+            fp_dtype dtype = FP_BFLOAT16, Data data = Data::kStructured,
+            Descales descales = Descales::kPerHead) {
+  return Case{name, {len}, {len}, hq, hkv, d, dtype, page, data, config(), descales};
 }
 
 }  // namespace
@@ -677,8 +941,31 @@ int main(int argc, char** argv) {
                        {20000, 2000}, 8, 2, 128, FP_BFLOAT16, 16, Data::kStructured,
                        config(192, 0.9f, 64, 128, 3, 1)});
 
+  // FP8 e4m3 q, k and v (docs/ALGORITHM.md "FP8 e4m3"): descales per (request, KV head) as FA3's
+  // [B, Hkv] (and transposed), per tensor, or none; GQA, partial blocks, cached prefixes.
+  constexpr fp_dtype kE4m3 = FP_FLOAT8_E4M3;
+  cases.push_back(single("e4m3 L=1 g=8 D=64 no descales", 1, 8, 1, 64, 0, kE4m3,
+                         Data::kStructured, Descales::kNone));
+  cases.push_back(single("e4m3 L=127 g=4 D=128", 127, 8, 2, 128, 0, kE4m3, Data::kRandom));
+  cases.push_back(single("e4m3 L=4097 g=4 D=128 page=100", 4097, 8, 2, 128, 100, kE4m3));
+  cases.push_back(single("e4m3 L=8192 g=8 D=64 page=16 per tensor", 8192, 16, 2, 64, 16, kE4m3,
+                         Data::kStructured, Descales::kPerTensor));
+  cases.push_back(single("e4m3 L=8192 g=1 D=128 page=1 [Hkv, B]", 8192, 2, 2, 128, 1, kE4m3,
+                         Data::kRandom, Descales::kPerHeadTransposed));
+  cases.push_back(single("e4m3 L=32768 g=4 D=128 page=64", 32768, 8, 2, 128, 64, kE4m3));
+  cases.push_back(Case{"e4m3 mixed B=5 g=4 D=128 page=64", {1, 300, 0, 1000, 2500},
+                       {999, 300, 17, 5000, 2500}, 16, 4, 128, kE4m3, 64, Data::kStructured,
+                       config(), Descales::kPerHead});
+  cases.push_back(Case{"e4m3 mixed B=3 g=8 D=64 contiguous bs=256 [Hkv, B]", {700, 64, 3000},
+                       {9000, 4000, 3000}, 16, 2, 64, kE4m3, 0, Data::kStructured,
+                       config(256, 0.3f, 0, 0, 0, 0), Descales::kPerHeadTransposed});
+  cases.push_back(Case{"e4m3 mixed B=2 g=4 D=64 page=16 alpha=0.9 recent=3", {5000, 2000},
+                       {20000, 2000}, 8, 2, 64, kE4m3, 16, Data::kStructured,
+                       config(192, 0.9f, 64, 128, 3, 1), Descales::kPerHead});
+
   // Kept by index before the small filter: the graph and incremental checks below use them.
   const Case mixed = cases[12], long8k = cases[6], paged4k = cases[4];
+  const Case e4m3_mixed = cases[22], e4m3_paged4k = cases[18];
   if (small_only) {
     std::erase_if(cases, [](const Case& c) {
       return *std::max_element(c.len_kv.begin(), c.len_kv.end()) > 8192;
@@ -712,6 +999,12 @@ int main(int argc, char** argv) {
   timed("incremental pooling (L=8192 bs=128, prefix 4000)",
         [&] { return check_incremental(long8k, 4000); });
   timed("bad inputs: same status as the CPU", [&] { return check_errors(paged4k); });
+  timed("graph capture + replay (e4m3 mixed B=5)", [&] { return check_graph(e4m3_mixed); });
+  timed("incremental pooling (e4m3 mixed B=5, prefix 1000)",
+        [&] { return check_incremental(e4m3_mixed, 1000); });
+  timed("bad inputs: same status as the CPU (e4m3)", [&] { return check_errors(e4m3_paged4k); });
+  timed("bad e4m3 descales, bfloat16 q over e4m3 K/V",
+        [&] { return check_fp8_errors(e4m3_paged4k); });
   std::printf("%s: %d failing\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }

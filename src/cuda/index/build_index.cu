@@ -10,6 +10,7 @@
 #include "cuda/backend.hpp"
 #include "cuda/prefill.hpp"
 #include "cuda/index/csr.cuh"
+#include "cuda/index/operand.cuh"
 #include "cuda/index/pool.cuh"
 #include "cuda/index/score_select.cuh"
 
@@ -19,7 +20,8 @@ namespace {
 constexpr int64_t kAlign = 256;
 constexpr double kLog2e = 1.4426950408889634;
 
-// Workspace: rho(k_mean) in the dtype | per-segment block bitmasks | per-segment tile counts,
+// Workspace: rho(k_mean) as the scoring operand (16 bits: the dtype, or bfloat16 for e4m3;
+// cuda/index/operand.cuh) | per-segment block bitmasks | per-segment tile counts,
 // for the segments of `range_tiles` query tiles of every request and KV head (max_q_tiles: the
 // whole index).
 struct IndexWorkspace {
@@ -32,8 +34,7 @@ struct IndexWorkspace {
     const fp_problem& p = *info.p;
     const Size segments = Size(p.batch_size) * Size(p.num_heads_kv) * Size(range_tiles);
     mask_words = int32_t(ceil_div(s.max_blocks, 32));
-    const Size k_bytes =
-        (Size(s.mean_elements) * Size(int64_t(dtype_size(p.dtype)))).align_up(kAlign);
+    const Size k_bytes = (Size(s.mean_elements) * Size(index::kOperandBytes)).align_up(kAlign);
     const Size mask_bytes =
         (segments * Size(mask_words) * Size(int64_t(sizeof(uint32_t)))).align_up(kAlign);
     const Size count_bytes = (segments * Size(int64_t(sizeof(int32_t)))).align_up(kAlign);
@@ -70,12 +71,14 @@ index::SeqMeta seq_meta(const ProblemInfo& info) {
   return m;
 }
 
-// The kernels read q, k and v in 16-byte vectors.
-fp_status check_alignment(const fp_problem& p) {
-  const int64_t vec = 16 / int64_t(dtype_size(p.dtype));
+// The kernels read q, k and v in 16-byte vectors (of 8 16-bit or 16 e4m3 elements).
+fp_status check_alignment(const ProblemInfo& info) {
+  const fp_problem& p = *info.p;
+  const int64_t q_vec = 16 / int64_t(dtype_size(info.fp8.q_dtype));
+  const int64_t vec = 16 / int64_t(dtype_size(info.fp8.kv_dtype));
   const bool paged = p.kv_layout == FP_KV_PAGED;
   const bool ok = aligned16(p.q) && aligned16(p.k) && aligned16(p.v) &&
-                  p.q_stride_token % vec == 0 && p.q_stride_head % vec == 0 &&
+                  p.q_stride_token % q_vec == 0 && p.q_stride_head % q_vec == 0 &&
                   p.k_stride_token % vec == 0 && p.k_stride_head % vec == 0 &&
                   p.v_stride_token % vec == 0 && p.v_stride_head % vec == 0 &&
                   (!paged || (p.k_stride_page % vec == 0 && p.v_stride_page % vec == 0));
@@ -106,6 +109,8 @@ index::PoolParams pool_params(const ProblemInfo& info, const fp_select_config& c
   pool.stride_head[1] = p.v_stride_head;
   pool.mean[0] = k_mean;
   pool.mean[1] = v_mean;
+  pool.descale[0] = descale_of(p, Fp8Tensor::kK);
+  pool.descale[1] = descale_of(p, Fp8Tensor::kV);
   pool.k_rounded = k_rounded;
   return pool;
 }
@@ -115,11 +120,11 @@ index::PoolParams pool_params(const ProblemInfo& info, const fp_select_config& c
 fp_status pool_kv(const ProblemInfo& info, const fp_select_config& config, float* k_mean,
                   float* v_mean, const int32_t* pooled_keys) {
   const fp_problem& p = *info.p;
-  if (fp_status s = check_alignment(p); s != FP_OK) return s;
+  if (fp_status s = check_alignment(info); s != FP_OK) return s;
   index::PoolParams pool = pool_params(info, config, k_mean, v_mean, nullptr);
   pool.pooled_keys = pooled_keys;
   return check_launch(
-      index::launch_pool(pool, p.dtype, p.head_dim, static_cast<cudaStream_t>(p.stream)),
+      index::launch_pool(pool, info.fp8.kv_dtype, p.head_dim, static_cast<cudaStream_t>(p.stream)),
       "pool");
 }
 
@@ -142,7 +147,7 @@ fp_status prepare_index(const ProblemInfo& info, const fp_select_config& config,
     return fail(FP_ERROR_WORKSPACE_TOO_SMALL,
                 "index stage: workspace has " + std::to_string(workspace_bytes) +
                     " bytes but needs " + std::to_string(ws.total()));
-  if (fp_status s = check_alignment(p); s != FP_OK) return s;
+  if (fp_status s = check_alignment(info); s != FP_OK) return s;
   if (int64_t(info.group) * p.max_seqlen_q >= (int64_t(1) << 31))
     return fail(FP_ERROR_UNSUPPORTED,
                 "index stage: (Hq / Hkv) * max_seqlen_q must stay below 2^31 packed rows");
@@ -162,7 +167,8 @@ fp_status prepare_index(const ProblemInfo& info, const fp_select_config& config,
                   config.mean_correction && !means_pooled ? index.v_mean : nullptr, workspace);
   pool.all_pooled = means_pooled;
   return check_launch(
-      index::launch_pool(pool, p.dtype, p.head_dim, static_cast<cudaStream_t>(p.stream)), "pool");
+      index::launch_pool(pool, info.fp8.kv_dtype, p.head_dim, static_cast<cudaStream_t>(p.stream)),
+      "pool");
 }
 
 fp_status select_range(const ProblemInfo& info, const fp_select_config& config,
@@ -202,6 +208,9 @@ fp_status select_range(const ProblemInfo& info, const fp_select_config& config,
   score.block = FastDivmod(config.block_size);
   score.heads_kv = FastDivmod(p.num_heads_kv);
   score.scale_log2 = float(double(info.scale) * kLog2e);
+  score.scale = info.scale;
+  score.q_descale = descale_of(p, Fp8Tensor::kQ);
+  score.k_descale = descale_of(p, Fp8Tensor::kK);
   score.alpha = config.alpha;
   score.rules = SelectRules{config.sink_tokens, config.window_tokens, config.dense_recent_tiles};
   score.mask_words = ws.mask_words;

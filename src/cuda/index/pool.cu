@@ -1,9 +1,11 @@
 // Stage 1a: one CTA pools one (request, KV head, block) of K or V in a single pass with float32
 // accumulation. Its warps take interleaved key rows, lanes read 16-byte vectors, and the warps'
-// partial sums are combined in a fixed order, so the result is deterministic.
+// partial sums are combined in a fixed order, so the result is deterministic. e4m3 K/V are
+// summed as stored (exactly widened) and the sum is scaled by the descale once.
 #include "cuda/index/pool.cuh"
 
 #include "core/fast_divmod.hpp"
+#include "cuda/index/operand.cuh"
 #include "cuda/ptx.cuh"
 
 namespace flashprefill::cuda::index {
@@ -20,14 +22,41 @@ struct PoolShape {
   static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0);
 };
 
-template <typename T>
-__device__ __forceinline__ void store_rounded(T* dst, const float (&v)[16 / sizeof(T)]) {
-  constexpr int kVec = 16 / sizeof(T);
-  uint4 packed;
-  T* e = reinterpret_cast<T*>(&packed);
+// The N stored elements of a 16-byte vector, widened exactly.
+template <typename T, int N>
+__device__ __forceinline__ void widen_vector(const uint4& raw, float (&out)[N]) {
+  static_assert(N * sizeof(T) == 16);
+  if constexpr (IndexTypes<T>::kE4m3) {
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) e[i] = round_to<T>(v[i]);
-  *reinterpret_cast<uint4*>(dst) = packed;
+    for (int w = 0; w < 4; ++w) {
+      float four[4];
+      widen_e4m3x4(words[w], four);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[4 * w + i] = four[i];
+    }
+  } else {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = widen(e[i]);
+  }
+}
+
+// rho of N consecutive key means into the scoring operand, in 16-byte stores.
+template <typename T, int N>
+__device__ __forceinline__ void store_rounded(typename IndexTypes<T>::Operand* dst,
+                                              const float (&v)[N], float inv_c) {
+  using Operand = typename IndexTypes<T>::Operand;
+  constexpr int kPerStore = 16 / sizeof(Operand);
+  static_assert(N % kPerStore == 0);
+#pragma unroll
+  for (int s = 0; s < N / kPerStore; ++s) {
+    uint4 packed;
+    Operand* e = reinterpret_cast<Operand*>(&packed);
+#pragma unroll
+    for (int i = 0; i < kPerStore; ++i) e[i] = mean_operand<T>(v[s * kPerStore + i], inv_c);
+    *reinterpret_cast<uint4*>(dst + s * kPerStore) = packed;
+  }
 }
 
 // The divisors, taken once on the host: blockIdx.x = (b * Hkv + h) * max_blocks + J, and the
@@ -39,6 +68,8 @@ struct PoolGrid {
 template <typename T, int D>
 __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p, const PoolGrid grid) {
   using Shape = PoolShape<T, D>;
+  using Operand = typename IndexTypes<T>::Operand;
+  constexpr bool kE4m3 = IndexTypes<T>::kE4m3;
   constexpr int kVec = Shape::kVec;
   __shared__ __align__(16) float partial[kPoolWarps][D];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -51,9 +82,12 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p, 
   if (block >= blocks.num_blocks()) return;
 
   float* mean = p.mean[tensor] + int64_t(slot) * D;
-  T* rounded = tensor == 0 && p.k_rounded != nullptr
-                   ? static_cast<T*>(p.k_rounded) + int64_t(slot) * D
-                   : nullptr;
+  Operand* rounded = tensor == 0 && p.k_rounded != nullptr
+                         ? static_cast<Operand*>(p.k_rounded) + int64_t(slot) * D
+                         : nullptr;
+  // e4m3: the tensor's descale c (1 / c for rho, as the reference computes it); 1 otherwise.
+  const float descale = kE4m3 ? p.descale[tensor](b, h) : 1.f;
+  const float inv_descale = kE4m3 ? 1.f / descale : 1.f;
   const bool finisher = threadIdx.x < D / kVec;  // threads that write the block's mean
   const int out_col = threadIdx.x * kVec;
   float acc[kVec];
@@ -62,7 +96,7 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p, 
     if (rounded == nullptr || !finisher) return;
 #pragma unroll
     for (int i = 0; i < kVec; ++i) acc[i] = mean[out_col + i];
-    store_rounded<T>(rounded + out_col, acc);
+    store_rounded<T>(rounded + out_col, acc, inv_descale);
     return;
   }
 
@@ -82,10 +116,10 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p, 
     for (int32_t r = first; r < end; r += kRowStep) prefetch_l2(base + row_offset(r));
 #pragma unroll 4
     for (int32_t r = first; r < end; r += kRowStep) {
-      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(base + row_offset(r)));
-      const T* e = reinterpret_cast<const T*>(&raw);
+      float x[kVec];
+      widen_vector<T>(__ldg(reinterpret_cast<const uint4*>(base + row_offset(r))), x);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) acc[i] += widen(e[i]);
+      for (int i = 0; i < kVec; ++i) acc[i] += x[i];
     }
   };
   if (addr.paged) {
@@ -114,13 +148,14 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const PoolParams p, 
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < kPoolWarps; ++w) sum += partial[w][out_col + i];
+    if constexpr (kE4m3) sum *= descale;  // the sum of the dequantized c * x
     acc[i] = sum * inv_count;
   }
 #pragma unroll
   for (int i = 0; i < kVec; i += 4)
     *reinterpret_cast<float4*>(mean + out_col + i) =
         make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-  if (rounded != nullptr) store_rounded<T>(rounded + out_col, acc);
+  if (rounded != nullptr) store_rounded<T>(rounded + out_col, acc, inv_descale);
 }
 
 template <typename T, int D>
@@ -136,12 +171,11 @@ cudaError_t launch(const PoolParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_pool(const PoolParams& params, fp_dtype dtype, int32_t head_dim,
+cudaError_t launch_pool(const PoolParams& params, fp_dtype kv_dtype, int32_t head_dim,
                         cudaStream_t stream) {
-  const bool bf16 = dtype == FP_BFLOAT16;
-  if (head_dim == 64)
-    return bf16 ? launch<__nv_bfloat16, 64>(params, stream) : launch<__half, 64>(params, stream);
-  return bf16 ? launch<__nv_bfloat16, 128>(params, stream) : launch<__half, 128>(params, stream);
+  return dispatch_index_types(kv_dtype, head_dim, [&]<typename T, int D>() {
+    return launch<T, D>(params, stream);
+  });
 }
 
 }  // namespace flashprefill::cuda::index

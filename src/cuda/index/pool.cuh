@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/fp8.hpp"
 #include "cuda/index/seq_meta.cuh"
 #include "flashprefill/flashprefill.h"
 
@@ -18,7 +19,11 @@ struct PoolParams {
   const void* kv[2] = {nullptr, nullptr};
   int64_t stride_page[2] = {0, 0}, stride_token[2] = {0, 0}, stride_head[2] = {0, 0};
   float* mean[2] = {nullptr, nullptr};
-  // rho(k_mean) in the problem's dtype, the operand of the scoring products; may be nullptr.
+  // e4m3 K/V: the descales c_k ([0]) and c_v ([1]) on the device; the means are those of the
+  // dequantized keys and values, c * e4m3 value (Eq. 5). Unread for 16-bit K/V.
+  Descale descale[2];
+  // rho(k_mean), the operand of the scoring products (cuda/index/operand.cuh: in the 16-bit
+  // dtype, or round_e4m3(k_mean * (1 / c_k)) in bfloat16 for e4m3 keys); may be nullptr.
   void* k_rounded = nullptr;
   // Incremental pooling: optional [B] device array, keys of request b already pooled. Blocks
   // J < pooled_keys[b] / block_size keep their means (only k_rounded is refreshed from them);
@@ -28,8 +33,8 @@ struct PoolParams {
   bool all_pooled = false;
 };
 
-// Launches the pooling kernel for dtype bf16/fp16 and head_dim 64/128.
-cudaError_t launch_pool(const PoolParams& params, fp_dtype dtype, int32_t head_dim,
+// Launches the pooling kernel for K/V of kv_dtype bf16, fp16 or e4m3 and head_dim 64/128.
+cudaError_t launch_pool(const PoolParams& params, fp_dtype kv_dtype, int32_t head_dim,
                         cudaStream_t stream);
 
 }  // namespace flashprefill::cuda::index

@@ -4,11 +4,14 @@
 // (Eq. 19), and the chunk's block energies E_J under that M. After the pass the energies are
 // rescaled to the final maximum and thresholded together with the forced rules (Eq. 20). The
 // grid is persistent so that each CTA can load its next query tile while finishing the current.
+// An e4m3 query tile lands as bytes and is widened in shared memory to the bfloat16 operands
+// (cuda/index/operand.cuh), which the pooling wrote rho(k_mean) in too.
 #include "cuda/index/score_select.cuh"
 
 #include <algorithm>
 #include <cmath>
 
+#include "cuda/index/operand.cuh"
 #include "cuda/ptx.cuh"
 
 namespace flashprefill::cuda::index {
@@ -23,6 +26,7 @@ constexpr int kMinBlocksPerSm = 3;             // register budget: 65536 / (3 * 
 constexpr size_t kSmemReservedPerBlock = 1024; // shared memory the runtime keeps per CTA
 constexpr int kNTiles = kChunk / 8;
 constexpr uint32_t kFullMask = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;  // the reference's float32 log2(e)
 
 template <int D>
 struct Layout {
@@ -62,6 +66,73 @@ struct Smem {
     return reinterpret_cast<int32_t*>(warp_sums() + kWarps * kChunk);
   }
 };
+
+// Where a unit's Q tile lands from global memory, in 16-byte copies: 16-bit q straight into the
+// swizzled operand tile; e4m3 q as bytes, row-major, in the upper half of the operand tile's
+// area, from which widen_q_tile makes the operand tile.
+template <typename TQ, int D>
+struct QLanding {
+  static constexpr int kElems = 16 / sizeof(TQ);        // elements per 16-byte vector
+  static constexpr int kRowVecs = D / kElems;           // vectors per row
+  static constexpr int kRowStep = kThreads / kRowVecs;  // rows between a thread's copies
+  static constexpr int kRowStepElements = kRowStep * D;
+  static constexpr bool kE4m3 = IndexTypes<TQ>::kE4m3;
+  static_assert(kE4m3 || kRowVecs == Layout<D>::kRowVecs);
+  static __device__ __forceinline__ int offset(int row, int vec) {
+    if constexpr (kE4m3) return (row * kRowVecs + vec) * kElems;
+    else return Layout<D>::offset(row, vec);
+  }
+  static __device__ __forceinline__ TQ* area(const Smem& sm) {
+    return reinterpret_cast<TQ*>(static_cast<char*>(sm.q()) + (kE4m3 ? Layout<D>::kQBytes / 2 : 0));
+  }
+};
+
+// e4m3 q: widens the landed bytes in place into the bfloat16 operand tile, exactly. Operand rows
+// 0 .. 63 fill the lower half of the area, below the bytes, and are written as they are read;
+// rows 64 .. 127 fill the upper half, over the bytes, so all of theirs are read first. Kept out
+// of line: inlined, it changes the register allocation of the whole unit loop (at D = 128, 92
+// bytes of spills instead of the 16-bit kernels' 28).
+template <int D>
+__device__ __noinline__ void widen_q_tile(const Smem& sm) {
+  using Land = QLanding<__nv_fp8_e4m3, D>;
+  constexpr int kVecs = kTileRows * Land::kRowVecs / kThreads;  // 16-byte vectors per thread
+  constexpr int kHalf = kVecs / 2;  // vectors k < kHalf lie in rows 0 .. 63
+  const char* bytes = reinterpret_cast<const char*>(Land::area(sm));
+  auto* tile = static_cast<__nv_bfloat16*>(sm.q());
+  auto load = [&](int k) {
+    return *reinterpret_cast<const uint4*>(bytes + (threadIdx.x + k * kThreads) * 16);
+  };
+  auto widen = [&](int k, const uint4& raw) {
+    const int v = threadIdx.x + k * kThreads;
+    const int row = v / Land::kRowVecs, vec = v % Land::kRowVecs;
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t pairs[8];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      float x[4];
+      widen_e4m3x4(words[w], x);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
+        pairs[2 * w + i] = *reinterpret_cast<const uint32_t*>(&pair);
+      }
+    }
+    // Elements 16 vec .. 16 vec + 15: the operand tile's vectors 2 vec and 2 vec + 1.
+    *reinterpret_cast<uint4*>(tile + Layout<D>::offset(row, 2 * vec)) =
+        make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    *reinterpret_cast<uint4*>(tile + Layout<D>::offset(row, 2 * vec + 1)) =
+        make_uint4(pairs[4], pairs[5], pairs[6], pairs[7]);
+  };
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) widen(k, load(k));
+  uint4 upper[kHalf];
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) upper[k] = load(kHalf + k);
+  __syncthreads();  // q_bytes_read
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) widen(kHalf + k, upper[k]);
+  __syncthreads();  // q_widened
+}
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -120,24 +191,24 @@ struct Unit {
 // R / g of head h * g + R % g. A thread copies one 16-byte column of every kRowStep-th row: it
 // divides once per tile, then steps its source by the quotient and remainder of kRowStep and
 // carries into the next query when the head passes the group. Row arithmetic is 32-bit
-// (build_index checks g * max_seqlen_q < 2^31).
-template <typename T, int D>
-__device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u, T* dst) {
-  using L = Layout<D>;
+// (build_index checks g * max_seqlen_q < 2^31). The tile lands as QLanding<TQ, D> says.
+template <typename TQ, int D>
+__device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u, const Smem& sm) {
+  using L = QLanding<TQ, D>;
   constexpr int kRowStep = L::kRowStep;
   const int32_t group = u.seq.group;
   const int vec = threadIdx.x % L::kRowVecs;
   const int first_row = threadIdx.x / L::kRowVecs;
-  dst += L::offset(first_row, vec);
+  TQ* dst = L::area(sm) + L::offset(first_row, vec);
   int32_t packed = u.tile * kTileRows + first_row;
   int32_t query, head, step_query, step_head;
   p.group.divmod(packed, query, head);
   p.group.divmod(kRowStep, step_query, step_head);
   const int64_t step = int64_t(step_query) * p.q_stride_token + int64_t(step_head) * p.q_stride_head;
   const int64_t carry = p.q_stride_token - int64_t(group) * p.q_stride_head;
-  const T* q = static_cast<const T*>(p.q);
+  const TQ* q = static_cast<const TQ*>(p.q);
   int64_t offset = int64_t(p.meta.cu_seqlens_q[u.b] + query) * p.q_stride_token +
-                   int64_t(u.h * group + head) * p.q_stride_head + vec * 8;
+                   int64_t(u.h * group + head) * p.q_stride_head + vec * L::kElems;
 #pragma unroll 1
   for (int r = first_row; r < kTileRows; r += kRowStep, packed += kRowStep) {
     const bool valid = packed < u.packed_rows;
@@ -155,12 +226,15 @@ __device__ __forceinline__ void load_q_tile(const ScoreParams& p, const Unit& u,
 
 // Scores and selects one non-empty unit. `prefetched` names the unit whose Q tile is already in
 // flight to sm.q(); during the unit's last chunk the next unit's tile is prefetched there (the Q
-// fragments live in registers by then), hiding its load behind this unit's tail.
-template <typename T, int D>
+// fragments live in registers by then), hiding its load behind this unit's tail. TQ: q's stored
+// type; T: the operand type of the products.
+template <typename TQ, int D>
 __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& unit,
                                              const Smem& sm, const UnitCursor& next_cursor,
                                              bool& prefetched) {
   using L = Layout<D>;
+  using T = typename IndexTypes<TQ>::Operand;
+  constexpr bool kE4m3 = IndexTypes<TQ>::kE4m3;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int32_t b = unit.b, h = unit.h, tile = unit.tile, num_tiles = unit.num_tiles;
   const SeqGeometry& seq = unit.seq;
@@ -190,7 +264,7 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
       }
       cp_async_commit();
     };
-    if (!prefetched) load_q_tile<T, D>(p, unit, static_cast<T*>(sm.q()));
+    if (!prefetched) load_q_tile<TQ, D>(p, unit, sm);
     prefetched = false;
     load_chunk(0);
 
@@ -208,6 +282,10 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
 
     cp_async_wait_committed();
     __syncthreads();  // q_tile_landed
+    if constexpr (kE4m3) widen_q_tile<D>(sm);
+    // x_rJ's factor (Eq. 19): scale * log2(e), times c_q c_k of the unit for e4m3 q and k.
+    const float x_scale =
+        kE4m3 ? p.scale * (p.q_descale(b, h) * p.k_descale(b, h)) * kLog2e : p.scale_log2;
     uint32_t qa[kMTiles][L::kKSteps][4];
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
@@ -225,7 +303,7 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
       } else if (next_cursor.rank < p.range_tiles) {
         const Unit next(p, next_cursor);
         if (!next.empty() && !next.dense(p)) {
-          load_q_tile<T, D>(p, next, static_cast<T*>(sm.q()));
+          load_q_tile<TQ, D>(p, next, sm);
           prefetched = true;
         }
       }
@@ -254,7 +332,8 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
           }
         }
 
-      // x_rJ = (q_r . rho(k_mean_J)) * scale * log2(e) over valid pairs; M over the tile.
+      // x_rJ = (q_r . rho(k_mean_J)) * scale * log2(e) (e4m3: * c_q c_k) over valid pairs; M
+      // over the tile.
       const int32_t first = c * kChunk + lane % 4 * 2;
       float local_max = -INFINITY;
 #pragma unroll
@@ -265,7 +344,7 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int32_t block = first + nt * 8 + i % 2;
-            const float x = block <= last_block[mt][i / 2] ? s[mt][nt][i] * p.scale_log2 : -INFINITY;
+            const float x = block <= last_block[mt][i / 2] ? s[mt][nt][i] * x_scale : -INFINITY;
             s[mt][nt][i] = x;
             local_max = fmaxf(local_max, x);
           }
@@ -348,7 +427,7 @@ __device__ __forceinline__ void process_unit(const ScoreParams& p, const Unit& u
   __syncthreads();  // unit_done: the next unit may rewrite warp_tiles and the energies
 }
 
-template <typename T, int D>
+template <typename TQ, int D>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) score_select_kernel(const ScoreParams p) {
   using L = Layout<D>;
   extern __shared__ __align__(128) char smem_raw[];
@@ -366,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) score_select_kernel
     if (unit.empty()) {
       if (threadIdx.x == 0) p.counts[unit.segment] = 0;
     } else {
-      process_unit<T, D>(p, unit, sm, next, prefetched);
+      process_unit<TQ, D>(p, unit, sm, next, prefetched);
     }
     cursor = next;
   }
@@ -374,10 +453,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) score_select_kernel
 
 // A persistent grid: as many CTAs as fit on the device at once (the launch bound allows
 // kMinBlocksPerSm by registers; shared memory may allow fewer), each walking units round-robin.
-template <typename T, int D>
+template <typename TQ, int D>
 cudaError_t launch(const ScoreParams& p, cudaStream_t stream) {
   const size_t smem = score_select_smem_bytes(D, p.max_blocks);
-  auto* kernel = score_select_kernel<T, D>;
+  auto* kernel = score_select_kernel<TQ, D>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   int device = 0, sms = 0, smem_per_sm = 0;
@@ -407,10 +486,9 @@ size_t score_select_smem_bytes(int32_t head_dim, int32_t max_blocks) {
 cudaError_t launch_score_select(const ScoreParams& params, fp_dtype dtype, int32_t head_dim,
                                 cudaStream_t stream) {
   if (params.range_tiles == 0) return cudaSuccess;
-  const bool bf16 = dtype == FP_BFLOAT16;
-  if (head_dim == 64)
-    return bf16 ? launch<__nv_bfloat16, 64>(params, stream) : launch<__half, 64>(params, stream);
-  return bf16 ? launch<__nv_bfloat16, 128>(params, stream) : launch<__half, 128>(params, stream);
+  return dispatch_index_types(dtype, head_dim, [&]<typename TQ, int D>() {
+    return launch<TQ, D>(params, stream);
+  });
 }
 
 }  // namespace flashprefill::cuda::index

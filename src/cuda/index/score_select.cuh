@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "core/fast_divmod.hpp"
+#include "core/fp8.hpp"
 #include "core/geometry.hpp"
 #include "cuda/index/seq_meta.cuh"
 #include "flashprefill/flashprefill.h"
@@ -19,7 +20,8 @@ struct ScoreParams {
   SeqMeta meta;
   const void* q = nullptr;
   int64_t q_stride_token = 0, q_stride_head = 0;
-  const void* k_rounded = nullptr;  // rho(k_mean) [B, Hkv, max_blocks, D] in the dtype
+  // rho(k_mean) [B, Hkv, max_blocks, D] in the scoring operand type (cuda/index/operand.cuh)
+  const void* k_rounded = nullptr;
   int32_t batch = 0, num_heads_kv = 0, max_blocks = 0, block_size = 128;
   // The query tiles scored: I in [tile_begin, tile_begin + range_tiles) of every request and KV
   // head (tile_begin = 0 and range_tiles = max_q_tiles for the whole index); segment (b, h, I) is
@@ -29,6 +31,10 @@ struct ScoreParams {
   // block) and Hkv (unit -> request, head).
   FastDivmod group, block, heads_kv;
   float scale_log2 = 0.f;           // softmax_scale * log2(e)
+  // e4m3 q: the descales of q and k on the device; x_rJ takes c_q c_k of its (request, KV head)
+  // as the reference does, (scale * (c_q c_k)) * log2(e) in float32. Unread for 16-bit q.
+  float scale = 0.f;                // softmax_scale
+  Descale q_descale, k_descale;
   float alpha = 0.f;
   SelectRules rules;
   int32_t mask_words = 0;           // 32-bit words of block bits per segment
@@ -39,6 +45,7 @@ struct ScoreParams {
 // Dynamic shared memory of one CTA; launch_score_select refuses more than the device allows.
 size_t score_select_smem_bytes(int32_t head_dim, int32_t max_blocks);
 
+// For q of dtype bf16, fp16 or e4m3 (with e4m3 keys) and head_dim 64/128.
 cudaError_t launch_score_select(const ScoreParams& params, fp_dtype dtype, int32_t head_dim,
                                 cudaStream_t stream);
 
