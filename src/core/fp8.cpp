@@ -5,7 +5,9 @@
 #include <cstring>
 #include <string>
 
+#include "core/checked.hpp"
 #include "core/problem.hpp"
+#include "cuda/backend.hpp"
 #include "reference/numerics.hpp"
 
 namespace flashprefill {
@@ -31,6 +33,42 @@ Descale descale(const fp_problem& p, int which) {
     case 1: return {"k_descale", p.k_descale, p.k_descale_stride_batch, p.k_descale_stride_head};
     default: return {"v_descale", p.v_descale, p.v_descale_stride_batch, p.v_descale_stride_head};
   }
+}
+
+// A descale tensor's copy on the host bounds its span to this many floats per factor (b, h):
+// FA3's [B, Hkv] tensors, expanded scalars and column slices of small tensors lie in one span of
+// at most B * Hkv floats; others are copied factor by factor.
+constexpr int64_t kSpanPerFactor = 16;
+
+// The factors c(b, h) of descale tensor d (not NULL) into out[b * Hkv + h]: read in place on the
+// CPU; on CUDA copied to the host first (FP_FLAG_VALIDATE_DEVICE_METADATA: the call synchronizes
+// anyway), in one copy of the span they lie in when it is small, else one copy per factor.
+fp_status host_factors(const fp_problem& p, const Descale& d, std::vector<float>& out) {
+  const int32_t B = p.batch_size, H = p.num_heads_kv;
+  out.resize(size_t(B) * H);
+  auto offset = [&](int32_t b, int32_t h) { return b * d.stride_batch + h * d.stride_head; };
+  if (p.device == FP_DEVICE_CPU) {
+    for (int32_t b = 0; b < B; ++b)
+      for (int32_t h = 0; h < H; ++h) out[size_t(b) * H + h] = d.data[offset(b, h)];
+    return FP_OK;
+  }
+  const Size span = Size(B - 1) * Size(d.stride_batch) + Size(H - 1) * Size(d.stride_head) + 1;
+  if (span.fits(kSpanPerFactor * int64_t(out.size()))) {
+    std::vector<float> all(size_t(span.value()));
+    if (fp_status s = cuda::copy_to_host(all.data(), d.data, all.size() * sizeof(float), p.stream);
+        s != FP_OK)
+      return s;
+    for (int32_t b = 0; b < B; ++b)
+      for (int32_t h = 0; h < H; ++h) out[size_t(b) * H + h] = all[size_t(offset(b, h))];
+    return FP_OK;
+  }
+  for (int32_t b = 0; b < B; ++b)
+    for (int32_t h = 0; h < H; ++h)
+      if (fp_status s = cuda::copy_to_host(&out[size_t(b) * H + h], d.data + offset(b, h),
+                                           sizeof(float), p.stream);
+          s != FP_OK)
+        return s;
+  return FP_OK;
 }
 
 // c_q = max|q| / 448 over the finite q of request b's queries in KV head h's group (1 when all
@@ -102,15 +140,19 @@ fp_status load_fp8_scales(const fp_problem& p, const std::vector<int32_t>& cu_q,
   std::vector<float>* out[3] = {&info->cq, &info->ck, &info->cv};
   for (int which = 0; which < 3; ++which) {
     const Descale d = descale(p, which);
-    out[which]->assign(n, 1.f);
+    if (d.data == nullptr) {
+      out[which]->assign(n, 1.f);
+      // The dynamic c_q reads q: the CPU's (the CUDA attention takes e4m3 q only).
+      if (which == 0 && info->quantize_q && p.device == FP_DEVICE_CPU)
+        for (int32_t b = 0; b < p.batch_size; ++b)
+          for (int32_t h = 0; h < p.num_heads_kv; ++h)
+            (*out[which])[size_t(b) * p.num_heads_kv + h] = dynamic_q_descale(p, cu_q, b, h);
+      continue;
+    }
+    if (fp_status s = host_factors(p, d, *out[which]); s != FP_OK) return s;
     for (int32_t b = 0; b < p.batch_size; ++b)
       for (int32_t h = 0; h < p.num_heads_kv; ++h) {
-        float& c = (*out[which])[size_t(b) * p.num_heads_kv + h];
-        if (d.data == nullptr) {
-          if (which == 0 && info->quantize_q) c = dynamic_q_descale(p, cu_q, b, h);
-          continue;
-        }
-        c = d.data[b * d.stride_batch + h * d.stride_head];
+        const float c = (*out[which])[size_t(b) * p.num_heads_kv + h];
         if (!std::isfinite(c) || c <= 0.f) {
           char value[32];
           std::snprintf(value, sizeof value, "%g", double(c));

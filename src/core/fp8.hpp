@@ -27,8 +27,9 @@ struct Fp8Info {
 // (the dtype combination, output dtype and descale strides) and resolves the dtypes into `info`.
 fp_status validate_fp8_fields(const fp_problem& p, Fp8Info* info);
 
-// CPU: copies the descale factors, checks that each is finite and > 0, and computes the
-// dynamic c_q. cu_q: the validated host cu_seqlens_q.
+// Copies the descale factors to the host (on CUDA from the device: only for problems whose
+// metadata is validated on the host), checks that each is finite and > 0, and, on the CPU,
+// computes the dynamic c_q. cu_q: the validated host cu_seqlens_q.
 fp_status load_fp8_scales(const fp_problem& p, const std::vector<int32_t>& cu_q, Fp8Info* info);
 
 }  // namespace flashprefill
