@@ -45,35 +45,21 @@ fp_status guarded(Fn&& fn) {
 // the host whatever the flags say, for the calls that read them there.
 enum class View { kAsGiven, kInternalMeans, kHostLengths };
 
-// Validates the problem for the entry point's stages (and the selection config, and that the
-// index sizes fit), picks the backend of its device, and runs `fn(info, config, backend)`.
+// Validates the problem for `entry` (and the selection config, and that the index sizes fit),
+// picks the backend of its device, and runs `fn(info, config, backend)`.
 template <typename Fn>
-fp_status with_problem_for(EntryStages stages, const fp_problem* problem,
-                           const fp_select_config* config, Fn&& fn, View view) {
+fp_status with_problem(Entry entry, const fp_problem* problem, const fp_select_config* config,
+                       Fn&& fn, View view = View::kAsGiven) {
   return guarded([&] {
     FP_TRY(require(problem, "problem"));
     fp_problem seen = clamp_bounds(*problem, view == View::kInternalMeans);
     if (view == View::kHostLengths) seen.flags |= FP_FLAG_VALIDATE_DEVICE_METADATA;
     ProblemInfo info;
-    FP_TRY(validate_problem(&seen, &info, stages));
+    FP_TRY(validate_problem(&seen, &info, entry, config));
     FP_TRY(validate_config(config, true));
     FP_TRY(check_index_sizes(info, *config));
     return fn(info, *config, backend_for(info));
   });
-}
-
-// with_problem_for the calls that run the attention stage (sparse attention, prefill) ...
-template <typename Fn>
-fp_status with_problem(const fp_problem* problem, const fp_select_config* config, Fn&& fn,
-                       View view = View::kAsGiven) {
-  return with_problem_for(EntryStages::kAttention, problem, config, fn, view);
-}
-
-// ... and for those that run the index stage alone (or only read an index).
-template <typename Fn>
-fp_status with_index_problem(const fp_problem* problem, const fp_select_config* config, Fn&& fn,
-                             View view = View::kAsGiven) {
-  return with_problem_for(EntryStages::kIndex, problem, config, fn, view);
 }
 
 // with_problem for the dense calls, which take no selection config (the attention stage reads
@@ -84,7 +70,7 @@ fp_status with_dense_problem(const fp_problem* problem, Fn&& fn) {
     FP_TRY(require(problem, "problem"));
     const fp_problem clamped = clamp_bounds(*problem, true);
     ProblemInfo info;
-    FP_TRY(validate_problem(&clamped, &info, EntryStages::kAttention));
+    FP_TRY(validate_problem(&clamped, &info, Entry::kDenseAttention, nullptr));
     fp_select_config c;
     fp_select_config_default(&c);
     return fn(info, c, backend_for(info));
@@ -272,67 +258,73 @@ void fp_select_config_default(fp_select_config* config) {
 
 fp_status fp_index_sizes_query(const fp_problem* problem, const fp_select_config* config,
                                fp_index_sizes* sizes) {
-  return with_index_problem(problem, config, [&](const ProblemInfo& info,
-                                                 const fp_select_config& c, const Backend&) {
-    FP_TRY(require(sizes, "sizes"));
-    *sizes = index_sizes(info, c);
-    return FP_OK;
-  });
+  return with_problem(
+      Entry::kIndexSizes, problem, config,
+      [&](const ProblemInfo& info, const fp_select_config& c, const Backend&) {
+        FP_TRY(require(sizes, "sizes"));
+        *sizes = index_sizes(info, c);
+        return FP_OK;
+      });
 }
 
 fp_status fp_build_index_workspace_size(const fp_problem* problem, const fp_select_config* config,
                                         size_t* bytes) {
-  return with_index_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
-                                                 const Backend& backend) {
-    FP_TRY(require(bytes, "bytes"));
-    return checked_bytes(backend.index_workspace(info, c), "index workspace", bytes);
-  });
+  return with_problem(
+      Entry::kBuildIndex, problem, config,
+      [&](const ProblemInfo& info, const fp_select_config& c, const Backend& backend) {
+        FP_TRY(require(bytes, "bytes"));
+        return checked_bytes(backend.index_workspace(info, c), "index workspace", bytes);
+      });
 }
 
 fp_status fp_build_index(const fp_problem* problem, const fp_select_config* config,
                          const fp_index* index, void* workspace, size_t workspace_bytes) {
-  return with_index_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
-                                                 const Backend& backend) {
-    FP_TRY(require(index, "index"));
-    return build_index_impl(info, c, backend, *index, workspace, workspace_bytes);
-  });
+  return with_problem(
+      Entry::kBuildIndex, problem, config,
+      [&](const ProblemInfo& info, const fp_select_config& c, const Backend& backend) {
+        FP_TRY(require(index, "index"));
+        return build_index_impl(info, c, backend, *index, workspace, workspace_bytes);
+      });
 }
 
 fp_status fp_pool_kv(const fp_problem* problem, const fp_select_config* config, float* k_mean,
                      float* v_mean, const int32_t* pooled_keys) {
-  return with_index_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
-                                                 const Backend& backend) {
-    FP_TRY(require(k_mean, "k_mean"));
-    FP_TRY(validate_pooled_keys(info, pooled_keys));
-    return backend.pool_kv(info, c, k_mean, v_mean, pooled_keys);
-  });
+  return with_problem(
+      Entry::kPoolKv, problem, config,
+      [&](const ProblemInfo& info, const fp_select_config& c, const Backend& backend) {
+        FP_TRY(require(k_mean, "k_mean"));
+        FP_TRY(validate_pooled_keys(info, pooled_keys));
+        return backend.pool_kv(info, c, k_mean, v_mean, pooled_keys);
+      });
 }
 
 fp_status fp_sparse_attention_workspace_size(const fp_problem* problem,
                                              const fp_select_config* config, size_t* bytes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
-                                           const Backend& backend) {
-    FP_TRY(require(bytes, "bytes"));
-    return checked_bytes(backend.attention_workspace(info, c, true), "attention workspace",
-                         bytes);
-  });
+  return with_problem(
+      Entry::kSparseAttention, problem, config,
+      [&](const ProblemInfo& info, const fp_select_config& c, const Backend& backend) {
+        FP_TRY(require(bytes, "bytes"));
+        return checked_bytes(backend.attention_workspace(info, c, true), "attention workspace",
+                             bytes);
+      });
 }
 
 fp_status fp_sparse_attention(const fp_problem* problem, const fp_select_config* config,
                               const fp_index* index, const fp_output* output, void* workspace,
                               size_t workspace_bytes) {
-  return with_problem(problem, config, [&](const ProblemInfo& info, const fp_select_config& c,
-                                           const Backend& backend) {
-    FP_TRY(require(index, "index"));
-    FP_TRY(require(output, "output"));
-    return sparse_attention_impl(info, c, backend, *index, *output, workspace, workspace_bytes);
-  });
+  return with_problem(
+      Entry::kSparseAttention, problem, config,
+      [&](const ProblemInfo& info, const fp_select_config& c, const Backend& backend) {
+        FP_TRY(require(index, "index"));
+        FP_TRY(require(output, "output"));
+        return sparse_attention_impl(info, c, backend, *index, *output, workspace, workspace_bytes);
+      });
 }
 
 fp_status fp_prefill_workspace_size(const fp_problem* problem, const fp_select_config* config,
                                     size_t* bytes) {
   return with_problem(
-      problem, config,
+      Entry::kPrefill, problem, config,
       [&](const ProblemInfo& info, const fp_select_config& c, const Backend&) {
         FP_TRY(require(bytes, "bytes"));
         IndexStorage st;
@@ -344,7 +336,7 @@ fp_status fp_prefill_workspace_size(const fp_problem* problem, const fp_select_c
 fp_status fp_prefill(const fp_problem* problem, const fp_select_config* config,
                      const fp_output* output, void* workspace, size_t workspace_bytes) {
   return with_problem(
-      problem, config,
+      Entry::kPrefill, problem, config,
       [&](const ProblemInfo& info, const fp_select_config& c, const Backend&) {
         FP_TRY(require(output, "output"));
         FP_TRY(validate_attention(info, nullptr, nullptr, output));
@@ -399,8 +391,8 @@ fp_status fp_dense_attention(const fp_problem* problem, const fp_output* output,
 
 fp_status fp_index_density(const fp_problem* problem, const fp_select_config* config,
                            const fp_index* index, double* density) {
-  return with_index_problem(
-      problem, config,
+  return with_problem(
+      Entry::kIndexDensity, problem, config,
       [&](const ProblemInfo& info, const fp_select_config&, const Backend&) {
         FP_TRY(require(index, "index"));
         FP_TRY(require(index->cu, "index->cu"));

@@ -118,7 +118,8 @@ TEST(SplitHeuristic, RandomShapesTakeTheFewestSplitsNearTheBestModeledTime) {
   }
 }
 
-int32_t section_for(int64_t max_seqlen_k, int32_t heads_kv, int32_t head_dim, int64_t l2) {
+int32_t section_for(int64_t max_seqlen_k, int32_t heads_kv, int32_t head_dim, int64_t l2,
+                    bool e4m3 = false) {
   fp_problem p{};
   p.max_seqlen_k = max_seqlen_k;
   p.num_heads_kv = heads_kv;
@@ -127,6 +128,7 @@ int32_t section_for(int64_t max_seqlen_k, int32_t heads_kv, int32_t head_dim, in
   ProblemInfo info;
   info.p = &p;
   info.group = 1;
+  info.fp8.on = e4m3;
   return choose_head_section(info, l2);
 }
 
@@ -139,6 +141,16 @@ TEST(HeadSection, AsManyHeadsAsFitInHalfTheL2) {
   EXPECT_EQ(section_for(32768, 8, 64, kL2), 3);   // 8 MiB per head
   EXPECT_EQ(section_for(131072, 8, 128, kL2), 1);  // more than the L2: still one head
   EXPECT_EQ(section_for(0, 4, 128, kL2), 4);
+}
+
+// e4m3 K and V (and the transposed V the kernel reads) take one byte per element: twice the
+// heads fit.
+TEST(HeadSection, E4m3HeadsTakeHalfTheBytes) {
+  constexpr int64_t kL2 = 50 << 20;
+  EXPECT_EQ(section_for(8192, 8, 128, kL2, true), 8);    // 2 MiB per head: all fit
+  EXPECT_EQ(section_for(32768, 8, 128, kL2, true), 3);   // 8 MiB per head (bf16: 1)
+  EXPECT_EQ(section_for(32768, 8, 64, kL2, true), 6);    // 4 MiB per head (bf16: 3)
+  EXPECT_EQ(section_for(131072, 8, 128, kL2, true), 1);
 }
 
 TEST(HeadSection, AlwaysBetweenOneAndTheKvHeads) {
@@ -166,15 +178,21 @@ TEST(LeadTiles, OneWaveOfTheGridAcrossAllHeads) {
       }
 }
 
-// fp_attention_tuning: a field set replaces its heuristic, a field left 0 keeps it; one field
-// leaves the other choices alone.
-TEST(Tuning, SetFieldsOverrideTheHeuristicsAndZeroKeepsThem) {
+// A chunk of 256 queries against a 128K prefix (Hq 32, Hkv 8, D 128): the heuristic splits it.
+fp_problem chunk_problem() {
   fp_problem p{};
-  p.total_q = 256;  // a chunk against a long prefix: the heuristic splits it
+  p.total_q = 256;
   p.max_seqlen_k = 131072;
   p.num_heads_q = 32;
   p.num_heads_kv = 8;
   p.head_dim = 128;
+  return p;
+}
+
+// fp_attention_tuning: a field set replaces its heuristic, a field left 0 keeps it; one field
+// leaves the other choices alone.
+TEST(Tuning, SetFieldsOverrideTheHeuristicsAndZeroKeepsThem) {
+  fp_problem p = chunk_problem();
   ProblemInfo info;
   info.p = &p;
   info.group = 4;
@@ -201,6 +219,20 @@ TEST(Tuning, SetFieldsOverrideTheHeuristicsAndZeroKeepsThem) {
   p.tuning.lead_tiles = 3;
   EXPECT_EQ(tuned_lead_tiles(info, kSms, splits), 3);
   EXPECT_EQ(tuned_splits(info, kSms), splits);
+}
+
+// e4m3 operands run unsplit: the kernel writes no split partials (the validation refuses
+// tuning.num_splits > 1 for them), whatever the heuristic would choose.
+TEST(Tuning, E4m3RunsUnsplit) {
+  fp_problem p = chunk_problem();
+  ProblemInfo info;
+  info.p = &p;
+  info.group = 4;
+  ASSERT_GT(tuned_splits(info, kSms), 1);
+  info.fp8.on = true;
+  EXPECT_EQ(tuned_splits(info, kSms), 1);
+  p.tuning.num_splits = 1;
+  EXPECT_EQ(tuned_splits(info, kSms), 1);
 }
 
 // A paged pool [num_pages, page_size, Hkv, D] (NHD); gap_tokens poisoned tokens after each page.

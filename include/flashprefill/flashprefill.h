@@ -19,12 +19,18 @@
  * position L_kv(b) - L_q(b) + i and sees keys at positions <= its own.
  *
  * The CUDA attention (sm_90) returns FP_ERROR_UNSUPPORTED, and launches nothing, unless: the
- * dtype is bfloat16 or float16 and no tensor is e4m3 (no FP8 kernel yet); D is 64 or 128;
- * every q/k/v stride (page strides included) is a multiple of 8 elements; q, k and v are
- * 16-byte aligned; out is 4-byte aligned with even strides; with mean correction, the index's
- * k_mean and v_mean are 16-byte aligned; and, paged, (num_pages - 1) * page_stride +
- * (page_size - 1) * token_stride of K and of V is below 2^32 times gcd(page_stride,
- * token_stride) (for [num_pages, page_size, Hkv, D] pools: at most 2^32 rows in all).
+ * dtype is bfloat16 or float16, or e4m3 as below; D is 64 or 128; every q/k/v stride (page
+ * strides included) is a multiple of 8 elements; q, k and v are 16-byte aligned; out is 4-byte
+ * aligned with even strides; with mean correction, the index's k_mean and v_mean are 16-byte
+ * aligned; and, paged, (num_pages - 1) * page_stride + (page_size - 1) * token_stride of K and of
+ * V is below 2^32 times gcd(page_stride, token_stride) (for [num_pages, page_size, Hkv, D]
+ * pools: at most 2^32 rows in all). FP8 on CUDA: fp_dense_attention and fp_sparse_attention
+ * (and their size queries) take dtype = FP_FLOAT8_E4M3 (e4m3 q, k and v) with contiguous KV,
+ * out_dtype bfloat16, q/k/v strides of multiples of 16 elements, no mean correction,
+ * tuning.num_splits 0 or 1, at most 65535 requests and KV heads, and total_k + 128 B below
+ * 2^31. The CUDA index stage (fp_build_index, fp_pool_kv) takes e4m3 q, k and v, contiguous or
+ * paged. A bf16/fp16 q over an e4m3 KV cache, paged e4m3 attention and fp_prefill on FP8 are the
+ * CPU's only for now.
  *
  * docs/ALGORITHM.md is the contract for the index format and every stage.
  */
@@ -151,9 +157,9 @@ typedef struct fp_problem {
    * FP_FLOAT16 with kv_dtype = FP_FLOAT8_E4M3 (an FP8 KV cache; the library quantizes q to e4m3
    * per (request, KV head) with q_descale, or, when q_descale is NULL, with
    * c_q = max|q| / 448 over the request's queries of the KV head's group). The CPU computes
-   * both. On CUDA, for now, only the index stage (fp_build_index, fp_pool_kv, their size
-   * queries and fp_index_density) takes FP8 problems, and only with e4m3 q; every other CUDA
-   * call, and every CUDA call on a bf16/fp16 q over e4m3 K/V, returns FP_ERROR_UNSUPPORTED. */
+   * both. On CUDA, e4m3 q, k and v only: the index stage (fp_build_index, fp_pool_kv, their
+   * size queries and fp_index_density) and the attention calls (see the top of this file);
+   * every CUDA call on a bf16/fp16 q over e4m3 K/V returns FP_ERROR_UNSUPPORTED. */
   fp_dtype kv_dtype;           /* of k and v; FP_FLOAT32 (0) means dtype */
   fp_dtype out_dtype;          /* of out; FP_FLOAT32 (0) means dtype, or FP_BFLOAT16 when dtype
                                   is FP_FLOAT8_E4M3. An FP8 problem writes FP_BFLOAT16 or
@@ -164,8 +170,8 @@ typedef struct fp_problem {
    * [B, Hkv] q_descale / k_descale / v_descale). Strides are in elements and may be 0: a
    * per-tensor factor is one float with both strides 0. Every factor must be finite and > 0
    * (checked on the CPU, and on CUDA under FP_FLAG_VALIDATE_DEVICE_METADATA, which copies the
-   * factors to the host; otherwise CUDA reads them only in its kernels, and the caller
-   * guarantees them). */
+   * factors to the host; otherwise CUDA reads them only in its kernels, the caller guarantees
+   * them, and the call stays CUDA-graph capturable). */
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;

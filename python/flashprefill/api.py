@@ -31,16 +31,20 @@ Shared conventions (every call):
     tuning (keyword-only, the attention calls): an AttentionTuning that fixes the CUDA attention
         stage's split count, head section or lead tiles; None (or a field 0) leaves each to the
         library's heuristic. The CPU ignores it.
-    FP8 e4m3 (docs/ALGORITHM.md "FP8 e4m3"; on CUDA, until the FP8 kernel is wired, only
-        build_index and pool_kv with an e4m3 q: the rest raises FlashPrefillError UNSUPPORTED
-        there): q, k and v in float8_e4m3fn (ml_dtypes.float8_e4m3fn or torch.float8_e4m3fn),
-        or a bfloat16/float16 q over float8_e4m3fn k and v (an FP8 KV cache; the library
-        quantizes q per (request, KV head) with q_descale, or with c_q = max|q| / 448 when
-        q_descale is None). q_descale, k_descale, v_descale (keyword-only): the descale
-        factors c (value = c * e4m3 value): None (1), a number, or float32 of shape () / (1,)
-        / [B, Hkv] in q's place (FA3's descales; strides free, 0 broadcasts). out is bfloat16
-        for an e4m3 q, else q's dtype; an out given in bfloat16 or float16 chooses the output
-        dtype.
+    FP8 e4m3 (docs/ALGORITHM.md "FP8 e4m3"): q, k and v in float8_e4m3fn
+        (ml_dtypes.float8_e4m3fn or torch.float8_e4m3fn), or a bfloat16/float16 q over
+        float8_e4m3fn k and v (an FP8 KV cache; the library quantizes q per (request, KV head)
+        with q_descale, or with c_q = max|q| / 448 when q_descale is None). q_descale,
+        k_descale, v_descale (keyword-only): the descale factors c (value = c * e4m3 value):
+        None (1), a number, or float32 of shape () / (1,) / [B, Hkv] in q's place (FA3's
+        descales; strides free, 0 broadcasts). out is bfloat16 for an e4m3 q, else q's dtype;
+        an out given in bfloat16 or float16 chooses the output dtype. On CUDA, e4m3 q, k and v
+        (torch.float8_e4m3fn tensors and float32 descale tensors on q's device): build_index
+        and pool_kv (contiguous or paged KV), dense_attention and sparse_attention (contiguous
+        KV, a bfloat16 out, token and head strides of multiples of 16 elements, no mean
+        correction); the other FP8 problems and calls (an FP8 KV cache, paged KV in attention,
+        prefill) run on the CPU only for now: on CUDA the library raises FlashPrefillError
+        UNSUPPORTED.
 
 Errors: every failure the library reports raises FlashPrefillError(status, message); what the
 library cannot see (dimensions, k and v shapes, dtypes, places, buffer sizes) raises ValueError

@@ -243,17 +243,75 @@ def test_plan_refuses_fp8():
         fp.Plan(2, 1, 16, np.dtype(E4M3), None, [0, 8], 8, 8, cu_seqlens_k=[0, 8])
 
 
-def test_cuda_is_unsupported(rng):
-    """The C ABI refuses an FP8 problem on CUDA (no kernel yet), before touching any pointer."""
+def _cuda_problem(q, k, v):
+    """The problem of host arrays with its device set to CUDA: the C ABI validates it without
+    reading any pointer."""
+    problem = build_problem(q, k, v)
+    problem.c.device = _lib.Device.CUDA
+    return problem
+
+
+def test_cuda_takes_e4m3_attention_only(rng):
+    """On CUDA the attention calls take e4m3 q, k and v; an FP8 KV cache under a bfloat16 q, and
+    fp_prefill (not wired to the e4m3 kernel yet), are refused on every build."""
     q, k, v = random_qkv(rng, 64, 64, 2, 1, 64)
-    for q_in in (q.astype(E4M3), q.astype(BF16)):
-        problem = build_problem(q_in, k.astype(E4M3), v.astype(E4M3))
-        problem.c.device = _lib.Device.CUDA
-        nbytes = ctypes.c_size_t()
-        with pytest.raises(fp.FlashPrefillError, match="no FP8 kernel") as e:
-            _lib.call("fp_dense_attention_workspace_size", ctypes.byref(problem.c),
+    k8, v8 = k.astype(E4M3), v.astype(E4M3)
+    nbytes = ctypes.c_size_t()
+    cache = _cuda_problem(q.astype(BF16), k8, v8)
+    with pytest.raises(fp.FlashPrefillError, match="computed on the CPU only") as e:
+        _lib.call("fp_dense_attention_workspace_size", ctypes.byref(cache.c), ctypes.byref(nbytes))
+    assert e.value.status == fp.Status.UNSUPPORTED
+    fp8 = _cuda_problem(q.astype(E4M3), k8, v8)
+    config = fp.SelectConfig().to_c()
+    with pytest.raises(fp.FlashPrefillError, match="fp_prefill does not run the e4m3 kernel yet") as e:
+        _lib.call("fp_prefill_workspace_size", ctypes.byref(fp8.c), ctypes.byref(config),
+                  ctypes.byref(nbytes))
+    assert e.value.status == fp.Status.UNSUPPORTED
+    if not fp.cuda_available():  # the e4m3 problem gets past the FP8 checks to the device's
+        with pytest.raises(fp.FlashPrefillError, match="no CUDA backend") as e:
+            _lib.call("fp_dense_attention_workspace_size", ctypes.byref(fp8.c),
                       ctypes.byref(nbytes))
         assert e.value.status == fp.Status.UNSUPPORTED
+
+
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "unvalidated"])
+def test_cuda_e4m3_attention_equals_the_cpu_reference(rng, validate):
+    """e4m3 dense and sparse attention on CUDA (torch.float8_e4m3fn, descales per (request, KV
+    head) in device memory, different for every head) against the CPU FP8 reference on the same
+    codes, descales and index: only float32 arithmetic differs (docs/ALGORITHM.md: 2e-2)."""
+    torch = pytest.importorskip("torch")
+    if not (torch.cuda.is_available() and fp.cuda_available()):
+        pytest.skip("needs the library's CUDA path and a GPU")
+    lengths_q, lengths_k = [200, 77], [260, 700]
+    cu_q, cu_k = cu_of(lengths_q), cu_of(lengths_k)
+    q, k, v = structured_qkv(rng, sum(lengths_q), sum(lengths_k), 8, 2, 128)
+    q8, k8, v8 = (quantize(x, per_tensor(x)) for x in (q, k, v))
+    c = [(rng.uniform(0.5, 2.0, (2, 2)) * per_tensor(x)).astype(np.float32) for x in (q, k, v)]
+    config = fp.SelectConfig(alpha=0.3, sink_tokens=64, window_tokens=64, mean_correction=False)
+    cpu_index = fp.build_index(q8, k8, v8, config, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                               q_descale=c[0], k_descale=c[1], v_descale=c[2])
+    cpu_args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, q_descale=c[0], k_descale=c[1],
+                    v_descale=c[2])
+    want_dense = fp.dense_attention(q8, k8, v8, **cpu_args).astype(np.float32)
+    want_sparse = fp.sparse_attention(q8, k8, v8, cpu_index, **cpu_args).astype(np.float32)
+
+    def cuda(x):
+        if x.dtype == E4M3:
+            return torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn).cuda()
+        return torch.from_numpy(x).cuda()
+
+    index = fp.Index(cuda(cpu_index.cu), cuda(cpu_index.idx), cuda(cpu_index.k_mean),
+                     config=config)
+    args = dict(cu_seqlens_q=cuda(cu_q), cu_seqlens_k=cuda(cu_k), q_descale=cuda(c[0]),
+                k_descale=cuda(c[1]), v_descale=cuda(c[2]), validate_metadata=validate,
+                max_seqlen_q=max(lengths_q), max_seqlen_k=max(lengths_k))
+    tensors = [cuda(x) for x in (q8, k8, v8)]
+    dense = fp.dense_attention(*tensors, **args)
+    sparse = fp.sparse_attention(*tensors, index, **args)
+    assert dense.dtype == torch.bfloat16 and dense.device.type == "cuda"
+    assert rel_l2(dense.float().cpu().numpy(), want_dense) < 2e-2
+    assert rel_l2(sparse.float().cpu().numpy(), want_sparse) < 2e-2
+    assert rel_l2(want_sparse, want_dense) > 1e-2  # the index drops blocks that matter
 
 
 def test_torch_float8(rng):

@@ -26,6 +26,7 @@ std::string format(const char* fmt, Args... args) {
 constexpr uint32_t kKnownFlags = FP_FLAG_VALIDATE_DEVICE_METADATA | FP_FLAG_MEANS_POOLED;
 
 fp_status invalid(std::string message) { return fail(FP_ERROR_INVALID_ARGUMENT, std::move(message)); }
+fp_status unsupported(std::string message) { return fail(FP_ERROR_UNSUPPORTED, std::move(message)); }
 
 // The stored value of an enum field, read as an integer: callers through the C ABI (C, ctypes)
 // may store any int there, and loading an out-of-range value as the C++ enum is undefined.
@@ -170,21 +171,66 @@ fp_status validate_tuning(const fp_problem& p) {
   return FP_OK;
 }
 
-// FP8 problems on CUDA, per entry point: the index stage takes e4m3 q, k and v (its descales
-// read on the device); the attention stage has no FP8 kernel yet; and no CUDA stage quantizes a
-// bfloat16 / float16 q over e4m3 K/V.
-fp_status check_cuda_fp8(const Fp8Info& fp8, EntryStages stages) {
-  if (!fp8.on) return FP_OK;
-  if (stages == EntryStages::kAttention)
-    return fail(FP_ERROR_UNSUPPORTED,
-                "FP8 e4m3 K/V on CUDA: the CUDA attention has no FP8 kernel yet (the CUDA index "
-                "stage, fp_build_index and fp_pool_kv, takes e4m3 q, k and v; the CPU computes "
-                "FP8 problems)");
+// An FP8 problem (k and v e4m3) on CUDA, per entry point. The index stage (fp_build_index,
+// fp_pool_kv) takes e4m3 q, k and v, contiguous or paged, its descales read on the device. The
+// attention calls (and their size queries) run the e4m3 kernel, which takes e4m3 q, k and v
+// (dtype FP_FLOAT8_E4M3), contiguous KV, a bfloat16 output, one KV split, no mean correction and
+// q/k/v strides of whole 16-byte chunks. fp_prefill is not wired to the e4m3 kernel yet. The
+// index size and density queries launch nothing and take any FP8 problem. Checked before the
+// device is, so that every build refuses alike.
+fp_status check_cuda_fp8(const fp_problem& p, const Fp8Info& fp8, Entry entry,
+                         const fp_select_config* config) {
+  switch (entry) {
+    case Entry::kIndexSizes:
+    case Entry::kIndexDensity:
+      return FP_OK;
+    case Entry::kBuildIndex:
+    case Entry::kPoolKv:
+      if (fp8.quantize_q)
+        return unsupported(format("a %s q over e4m3 K/V on CUDA: the CUDA index stage takes e4m3 "
+                                  "q, k and v (quantize q with its q_descale first; the CPU "
+                                  "computes this problem)",
+                                  dtype_name(fp8.q_dtype)));
+      return FP_OK;
+    case Entry::kPrefill:
+      return unsupported("FP8 e4m3 K/V on CUDA: fp_prefill does not run the e4m3 kernel yet (the "
+                         "CPU computes it; on CUDA, fp_build_index then fp_sparse_attention, or "
+                         "fp_dense_attention, take e4m3 Q/K/V)");
+    case Entry::kSparseAttention:
+    case Entry::kDenseAttention:
+      break;
+  }
   if (fp8.quantize_q)
-    return fail(FP_ERROR_UNSUPPORTED,
-                std::string("a ") + dtype_name(fp8.q_dtype) + " q over e4m3 K/V on CUDA: the "
-                "CUDA index stage takes e4m3 q, k and v (quantize q with its q_descale first; "
-                "the CPU computes this problem)");
+    return unsupported(format("FP8 e4m3 K/V on CUDA: a %s q over an e4m3 KV cache (kv_dtype) is "
+                              "computed on the CPU only; the CUDA attention takes e4m3 q, k and "
+                              "v (dtype FP_FLOAT8_E4M3)",
+                              dtype_name(fp8.q_dtype)));
+  if (p.kv_layout == FP_KV_PAGED)
+    return unsupported("FP8 e4m3 on CUDA: the attention kernel reads contiguous K/V only (a paged "
+                       "e4m3 cache is computed on the CPU)");
+  if (fp8.out_dtype != FP_BFLOAT16)
+    return unsupported(format("FP8 e4m3 on CUDA: the attention kernel writes bfloat16, not %s "
+                              "(out_dtype)",
+                              dtype_name(fp8.out_dtype)));
+  if (p.tuning.num_splits > 1)
+    return unsupported(format("FP8 e4m3 on CUDA: the attention kernel does not split KV "
+                              "iterations; tuning.num_splits must be 0 or 1, got %d",
+                              p.tuning.num_splits));
+  if (entry == Entry::kSparseAttention && config != nullptr && config->mean_correction != 0)
+    return unsupported("FP8 e4m3 on CUDA: the attention kernel has no mean correction yet; set "
+                       "config->mean_correction to 0");
+  const struct {
+    const char* name;
+    int64_t token, head;
+  } operands[] = {{"q", p.q_stride_token, p.q_stride_head},
+                  {"k", p.k_stride_token, p.k_stride_head},
+                  {"v", p.v_stride_token, p.v_stride_head}};
+  for (const auto& t : operands)
+    if (t.token % 16 != 0 || t.head % 16 != 0)
+      return unsupported(format("FP8 e4m3 on CUDA: the attention kernel reads rows in 16-byte "
+                                "chunks; %s strides must be multiples of 16 elements, got (token "
+                                "%lld, head %lld)",
+                                t.name, (long long)t.token, (long long)t.head));
   return FP_OK;
 }
 
@@ -245,7 +291,8 @@ KvAddress ProblemInfo::kv_address(int32_t b, bool value) const {
   return a;
 }
 
-fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, EntryStages stages) {
+fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, Entry entry,
+                           const fp_select_config* config) {
   if (problem == nullptr) return invalid("problem is NULL");
   const fp_problem& p = *problem;
   info->p = problem;
@@ -323,7 +370,8 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, EntrySt
     }
   }
   if (p.device == FP_DEVICE_CUDA) {
-    if (fp_status s = check_cuda_fp8(info->fp8, stages); s != FP_OK) return s;
+    if (info->fp8.on)
+      if (fp_status s = check_cuda_fp8(p, info->fp8, entry, config); s != FP_OK) return s;
     if (!cuda::available())
       return fail(FP_ERROR_UNSUPPORTED,
                   "device is FP_DEVICE_CUDA but this build has no CUDA backend or no sm_90 GPU "

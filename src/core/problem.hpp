@@ -51,13 +51,22 @@ struct ProblemInfo {
 // callers keep across chunked-prefill calls, so it is lowered only where the means are internal.
 fp_problem clamp_bounds(const fp_problem& problem, bool keys);
 
-// The stages an entry point runs: the index stage alone (fp_index_sizes_query, fp_build_index
-// and its workspace query, fp_pool_kv, fp_index_density) or the attention stage (the sparse,
-// dense and prefill calls and their workspace queries). On CUDA, validate_problem refuses the
-// FP8 problems that the entry point's stages do not compute.
-enum class EntryStages { kIndex, kAttention };
+// The C ABI call a problem is validated for (each workspace size query as its call): on CUDA,
+// what the library computes of an FP8 problem depends on it.
+enum class Entry {
+  kIndexSizes,       // fp_index_sizes_query
+  kBuildIndex,       // fp_build_index
+  kPoolKv,           // fp_pool_kv
+  kSparseAttention,  // fp_sparse_attention
+  kPrefill,          // fp_prefill
+  kDenseAttention,   // fp_dense_attention
+  kIndexDensity,     // fp_index_density
+};
 
-fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, EntryStages stages);
+// `config`: the call's selection config (NULL for the dense calls), read here only for what the
+// CUDA FP8 attention supports; validate_config checks it.
+fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, Entry entry,
+                           const fp_select_config* config);
 fp_status validate_config(const fp_select_config* config, bool need_block_size);
 
 // The index sizes; valid once check_index_sizes returned FP_OK for the same problem and config.

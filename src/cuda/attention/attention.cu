@@ -18,6 +18,7 @@
 #include "cuda/attention/mean_correction.hpp"
 #include "cuda/attention/params.hpp"
 #include "cuda/attention/schedule_prep.hpp"
+#include "cuda/attention/transpose_v.cuh"
 #include "core/checked.hpp"
 #include "cuda/backend.hpp"
 #include "cuda/prefill.hpp"
@@ -73,6 +74,9 @@ PartialBytes partial_bytes(const ProblemInfo& info, int32_t splits) {
           align_up(size_t(splits) * rows * sizeof(float))};
 }
 
+// The most CTAs of a launch grid's y or z dimension.
+constexpr int32_t kMaxGridRows = 65535;
+
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
 // cuTensorMapEncodeTiled from the driver, found once through the runtime (no libcuda link).
@@ -94,36 +98,59 @@ EncodeTiled encode_tiled() {
   return fn;
 }
 
-// A 16-bit tensor of `rank` dimensions (innermost first) in boxes of `box`, with the 128-byte
-// swizzle of the kernel's shared-memory stages. Boxes past the tensor read zeros.
+// A tensor of `rank` dimensions (innermost first) in boxes of `box`, with the swizzle of the
+// kernel's shared-memory stages: 16-bit elements in 128-byte swizzle rows unless told
+// otherwise. Boxes past the tensor read zeros.
 fp_status encode_map(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
-                     const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what) {
+                     const cuuint64_t* byte_strides, const cuuint32_t* box, const char* what,
+                     CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                     CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   const EncodeTiled encode = encode_tiled();
   if (encode == nullptr)
     return fail(FP_ERROR_CUDA, "the CUDA driver does not provide cuTensorMapEncodeTiled");
   const cuuint32_t unit[5] = {1, 1, 1, 1, 1};
-  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, rank, const_cast<void*>(base),
-                            dims, byte_strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode(map, type, rank, const_cast<void*>(base), dims, byte_strides, box,
+                            unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return fail(FP_ERROR_CUDA, std::string("cuTensorMapEncodeTiled failed for ") + what +
                                    " (CUresult " + std::to_string(int(r)) + ")");
   return FP_OK;
 }
 
-// K or V [rows, Hkv, D] as the 3-D tensor (D, Hkv, rows) in 64 x 1 x box_rows boxes.
+// How Q and K rows lie in the stages (KernelTraits::AtomQK): bytes per element, the head-dim
+// columns of one swizzle row (a box's innermost extent) and the swizzle. 16-bit operands: rows
+// of 64 columns, 128 bytes; e4m3: the whole head dimension, 128 bytes at D = 128 and 64 bytes
+// (the 64-byte swizzle) at D = 64.
+struct RowFormat {
+  int64_t bytes;
+  uint32_t cols;
+  CUtensorMapDataType type;
+  CUtensorMapSwizzle swizzle;
+};
+
+constexpr RowFormat k16BitRows{kElementBytes, 64, CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                               CU_TENSOR_MAP_SWIZZLE_128B};
+
+RowFormat row_format(const ProblemInfo& info) {
+  if (!info.fp8.on) return k16BitRows;
+  const int d = info.p->head_dim;
+  return {1, uint32_t(d), CU_TENSOR_MAP_DATA_TYPE_UINT8,
+          d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B};
+}
+
+// K or V [rows, Hkv, D] as the 3-D tensor (D, Hkv, rows) in f.cols x 1 x box_rows boxes.
 fp_status encode_kv_map(CUtensorMap* map, const void* base, const fp_problem& p, int64_t rows,
                         int32_t box_rows, int64_t stride_token, int64_t stride_head,
-                        const char* what) {
+                        const char* what, const RowFormat& f) {
   // A single head's stride is never used (coordinate 0); give TMA a legal one.
   const int64_t head_stride = p.num_heads_kv > 1 ? stride_head : stride_token;
   const cuuint64_t dims[3] = {cuuint64_t(p.head_dim), cuuint64_t(p.num_heads_kv),
                               cuuint64_t(rows)};
-  const cuuint64_t strides[2] = {cuuint64_t(head_stride * kElementBytes),
-                                 cuuint64_t(stride_token * kElementBytes)};
-  const cuuint32_t box[3] = {64, 1, uint32_t(box_rows)};
-  return encode_map(map, base, 3, dims, strides, box, what);
+  const cuuint64_t strides[2] = {cuuint64_t(head_stride * f.bytes),
+                                 cuuint64_t(stride_token * f.bytes)};
+  const cuuint32_t box[3] = {f.cols, 1, uint32_t(box_rows)};
+  return encode_map(map, base, 3, dims, strides, box, what, f.type, f.swizzle);
 }
 
 // K or V [rows, Hkv, D] as the 4-D tensor (64, rows, D / 64, Hkv) in 64 x 128 x D/64 x 1
@@ -153,25 +180,27 @@ fp_status encode_mean_map(CUtensorMap* map, const void* base, const AttentionPar
   return encode_map(map, base, 3, dims, strides, box, what);
 }
 
-// Q [total_q, Hq, D] as the 5-D tensor (64, g, Hkv, total_q, D / 64): a query tile (128 / g
-// tokens of one KV head's g query heads, Eq. 12-13) is one 64 x g x 1 x (128 / g) x D/64 box,
-// whose rows land in packed-row order in each 64-column half of the head dimension. Only when g
-// divides the tile (a power of two up to 128) and the tile's token coordinate fits; otherwise
-// the producer copies Q by cp.async.
-fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
+// Q [total_q, Hq, D] as the 5-D tensor (c, g, Hkv, total_q, D / c), c = f.cols (64 for 16-bit
+// operands, D for e4m3): a query tile (128 / g tokens of one KV head's g query heads, Eq. 12-13)
+// is one c x g x 1 x (128 / g) x D/c box, whose rows land in packed-row order in each c-column
+// part of the head dimension. Only when g divides the tile (a power of two up to 128) and the
+// tile's token coordinate fits; otherwise the producer copies Q by cp.async.
+fp_status encode_q_map(const fp_problem& p, int32_t group, const RowFormat& f, AttentionParams& a) {
   a.q_tma = false;
   if (group < 1 || group > kTileRows || (group & (group - 1)) != 0 ||
       p.total_q > INT32_MAX - kTileRows)
     return FP_OK;
   const int64_t head = p.q_stride_head > 0 ? p.q_stride_head : p.q_stride_token;
-  const cuuint64_t dims[5] = {64, cuuint64_t(group), cuuint64_t(p.num_heads_kv),
-                              cuuint64_t(p.total_q), cuuint64_t(p.head_dim / 64)};
-  const cuuint64_t strides[4] = {cuuint64_t(head * kElementBytes),
-                                 cuuint64_t(head * group * kElementBytes),
-                                 cuuint64_t(p.q_stride_token * kElementBytes), 64 * kElementBytes};
-  const cuuint32_t box[5] = {64, uint32_t(group), 1, uint32_t(kTileRows / group),
-                             uint32_t(p.head_dim / 64)};
-  if (fp_status s = encode_map(&a.tma_q, p.q, 5, dims, strides, box, "Q"); s != FP_OK) return s;
+  const cuuint64_t dims[5] = {f.cols, cuuint64_t(group), cuuint64_t(p.num_heads_kv),
+                              cuuint64_t(p.total_q), cuuint64_t(p.head_dim / f.cols)};
+  const cuuint64_t strides[4] = {cuuint64_t(head * f.bytes), cuuint64_t(head * group * f.bytes),
+                                 cuuint64_t(p.q_stride_token * f.bytes),
+                                 cuuint64_t(f.cols * f.bytes)};
+  const cuuint32_t box[5] = {f.cols, uint32_t(group), 1, uint32_t(kTileRows / group),
+                             uint32_t(p.head_dim / f.cols)};
+  if (fp_status s = encode_map(&a.tma_q, p.q, 5, dims, strides, box, "Q", f.type, f.swizzle);
+      s != FP_OK)
+    return s;
   a.q_tma = true;
   return FP_OK;
 }
@@ -184,6 +213,7 @@ fp_status encode_q_map(const fp_problem& p, int32_t group, AttentionParams& a) {
 // whose pages lie back to back also gets the pair maps: with whole-tile boxes the kernel finds
 // consecutive pairs through the page table itself, otherwise through the run table (tma_runs).
 fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
+  const RowFormat& f = k16BitRows;
   a.tma = false;
   a.tma_pair = false;
   a.tma_runs = false;
@@ -195,11 +225,11 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   if (paged) a.tma_box_rows = attention::paged_tma_box_rows(p);  // 0: no boxes per tile
   if (a.tma_box_rows > 0) {
     if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, rows, a.tma_box_rows, p.k_stride_token,
-                                    p.k_stride_head, "K");
+                                    p.k_stride_head, "K", f);
         s != FP_OK)
       return s;
     if (fp_status s = encode_kv_map(&a.tma_v, p.v, p, rows, a.tma_box_rows, p.v_stride_token,
-                                    p.v_stride_head, "V");
+                                    p.v_stride_head, "V", f);
         s != FP_OK)
       return s;
     a.tma = true;
@@ -214,6 +244,35 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
                                   "V") == FP_OK;
   if (!a.tma_pair) clear_error();
   a.tma_runs = paged && a.tma_pair && a.tma_box_rows != kKvTile;
+  return FP_OK;
+}
+
+// e4m3 operands (contiguous KV; every tile comes by TMA, KvLoader::tma_tile): K as (D, Hkv,
+// total_k) in whole-row boxes of 64 keys (row_format), and the transposed V that the transpose
+// step writes into the workspace (transpose_v.cuh) as (vt_rows, D, Hkv) in 64 x D x 1 boxes with
+// the 64-byte swizzle of KernelTraits::SmemLayoutVt. No pair maps. Without keys (total_k = 0)
+// nothing is encoded and run() launches nothing: no query can be attended then.
+fp_status encode_e4m3_kv_maps(const ProblemInfo& info, const void* vt, int64_t vt_rows,
+                              AttentionParams& a) {
+  const fp_problem& p = *info.p;
+  a.tma = false;
+  a.tma_pair = false;
+  a.tma_runs = false;
+  a.tma_box_rows = kKvTile;
+  if (p.total_k <= 0) return FP_OK;
+  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, p.total_k, kKvTile, p.k_stride_token,
+                                  p.k_stride_head, "K", row_format(info));
+      s != FP_OK)
+    return s;
+  const cuuint64_t dims[3] = {cuuint64_t(vt_rows), cuuint64_t(p.head_dim),
+                              cuuint64_t(p.num_heads_kv)};
+  const cuuint64_t strides[2] = {cuuint64_t(vt_rows), cuuint64_t(vt_rows) * cuuint64_t(p.head_dim)};
+  const cuuint32_t box[3] = {uint32_t(kKvTile), uint32_t(p.head_dim), 1};
+  if (fp_status s = encode_map(&a.tma_v, vt, 3, dims, strides, box, "the transposed V",
+                               CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_64B);
+      s != FP_OK)
+    return s;
+  a.tma = true;
   return FP_OK;
 }
 
@@ -238,24 +297,40 @@ cudaError_t launch_kernel(const AttentionParams& a, bool bf16, int head_dim, cud
               : launch_attention<cutlass::half_t, 64, kLayout>(a, stream);
 }
 
+// The e4m3 kernel (contiguous KV) of this head dimension (128 or 64).
+cudaError_t launch_e4m3_kernel(const AttentionParams& a, int head_dim, cudaStream_t stream) {
+  using attention::KvLayout;
+  using attention::launch_attention;
+  using E4m3 = cutlass::float_e4m3_t;
+  return head_dim == 128 ? launch_attention<E4m3, 128, KvLayout::kContiguous>(a, stream)
+                         : launch_attention<E4m3, 64, KvLayout::kContiguous>(a, stream);
+}
+
 // Bytes of the run table (paged KV; params.hpp pair_rows).
 size_t pair_rows_bytes(const fp_problem& p) {
   const int32_t pairs = attention::paged_max_pairs(p);
   return pairs > 0 ? align_up(sizeof(int32_t) * size_t(p.batch_size) * size_t(1 + pairs)) : 0;
 }
 
+// Rows of the transposed V of e4m3 operands (transpose_v.cuh).
+int64_t transposed_v_rows(const fp_problem& p) {
+  return attention::transposed_v_rows(p.total_k, p.batch_size);
+}
+
 // Workspace: [scheduler] [run table] [split partials: O, LSE] [converted k means] [converted v
-// means], each part aligned. The size query and the call both lay it out here, from the same
-// split count.
+// means] [transposed V (e4m3)], each part aligned. The size query and the call both lay it out
+// here, from the same split count.
 struct WorkspaceLayout {
   size_t schedule = 0, run_table = 0;
   PartialBytes partials;
   size_t mean = 0;  // per converted mean tensor
+  Size transposed_v = 0;  // vt_rows * Hkv * D bytes: the 128 B rows it adds are not bounded
 
-  // Each term is bounded by the validated sizes (kMaxElements), so only the sum can overflow.
+  // The other terms are bounded by the validated sizes (kMaxElements): only the sum can overflow.
   Size total() const {
     return Size(int64_t(schedule)) + Size(int64_t(run_table)) + Size(int64_t(partials.o)) +
-           Size(int64_t(partials.lse)) + Size(int64_t(mean)) + Size(int64_t(mean));
+           Size(int64_t(partials.lse)) + Size(int64_t(mean)) + Size(int64_t(mean)) +
+           transposed_v;
   }
 };
 
@@ -266,6 +341,10 @@ WorkspaceLayout workspace_layout(const ProblemInfo& info, const fp_select_config
   w.run_table = pair_rows_bytes(*info.p);
   w.partials = partial_bytes(info, splits);
   w.mean = lowp_mean_bytes(info, config, sparse);
+  if (info.fp8.on)
+    w.transposed_v = (Size(transposed_v_rows(*info.p)) * Size(info.p->num_heads_kv) *
+                      Size(info.p->head_dim))
+                         .align_up(kAlign);
   return w;
 }
 
@@ -276,6 +355,7 @@ struct AttentionLaunch {
   int32_t* run_table = nullptr;
   void* k_lowp = nullptr;
   void* v_lowp = nullptr;
+  void* transposed_v = nullptr;  // e4m3
 };
 
 // Everything the launch reads, in one place: the problem's tensors and lengths, the index (sparse
@@ -323,6 +403,11 @@ fp_status make_launch(const ProblemInfo& info, const fp_select_config& config,
   a.max_q_tiles = info.max_q_tiles;
   a.range_tiles = info.max_q_tiles;
   a.scale_log2 = info.scale * float(M_LOG2E);
+  if (info.fp8.on) {  // the consumers read c_q c_k and c_v per item (Eq. 15)
+    a.q_descale = {p.q_descale, p.q_descale_stride_batch, p.q_descale_stride_head};
+    a.k_descale = {p.k_descale, p.k_descale_stride_batch, p.k_descale_stride_head};
+    a.v_descale = {p.v_descale, p.v_descale_stride_batch, p.v_descale_stride_head};
+  }
   a.out = out.out;
   a.out_stride_token = out.out_stride_token;
   a.out_stride_head = out.out_stride_head;
@@ -339,8 +424,9 @@ fp_status make_launch(const ProblemInfo& info, const fp_select_config& config,
     a.block_size = config.block_size;
     a.max_blocks = index_sizes(info, config).max_blocks;
   }
-  if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
-  if (fp_status s = encode_q_map(p, info.group, a); s != FP_OK) return s;
+  if (!info.fp8.on)  // e4m3: below, once the transposed V has its place in the workspace
+    if (fp_status s = encode_kv_maps(p, a); s != FP_OK) return s;
+  if (fp_status s = encode_q_map(p, info.group, row_format(info), a); s != FP_OK) return s;
 
   a.num_splits = num_splits(info);  // the items fit in 32 bits: check_attention_support
   a.ctas = int32_t(std::min<int64_t>(max_items(info, a.num_splits), sm_count()));
@@ -372,7 +458,29 @@ fp_status make_launch(const ProblemInfo& info, const fp_select_config& config,
         s != FP_OK)
       return s;
   }
+  part += 2 * w.mean;
+  if (info.fp8.on) {
+    launch->transposed_v = part;
+    a.v = part;  // the kernel reads V^T (kernel_traits.hpp); the transpose reads p.v
+    if (fp_status s = encode_e4m3_kv_maps(info, part, transposed_v_rows(p), a); s != FP_OK)
+      return s;
+  }
   return FP_OK;
+}
+
+// e4m3: V -> the transposed V in the workspace (transpose_v.cuh), on the call's stream before
+// the kernel. A CTA per KV tile of the longest request (at most total_k keys), request and KV
+// head; none when no request has a key.
+cudaError_t launch_transpose(const ProblemInfo& info, const AttentionLaunch& launch,
+                             cudaStream_t stream) {
+  const fp_problem& p = *info.p;
+  const int64_t tiles = ceil_div(std::min<int64_t>(p.max_seqlen_k, p.total_k), kKvTile);
+  if (tiles <= 0) return cudaSuccess;
+  auto* transpose = p.head_dim == 128 ? &attention::launch_transpose_v<128>
+                                      : &attention::launch_transpose_v<64>;
+  return transpose(p.v, p.v_stride_token, p.v_stride_head, p.cu_seqlens_k, p.batch_size,
+                   p.num_heads_kv, int32_t(tiles), launch.transposed_v, transposed_v_rows(p),
+                   stream);
 }
 
 // The launches of one call, on its parameters: the converted means, the run table, the
@@ -397,6 +505,12 @@ fp_status run(const ProblemInfo& info, const AttentionLaunch& launch, int32_t ra
       return fail(FP_ERROR_CUDA,
                   std::string("run table preparation failed: ") + cudaGetErrorString(e));
   }
+  const bool e4m3 = info.fp8.on;
+  if (e4m3) {
+    if (!a.tma) return FP_OK;  // no keys (encode_e4m3_kv_maps)
+    if (const cudaError_t e = launch_transpose(info, launch, stream); e != cudaSuccess)
+      return fail(FP_ERROR_CUDA, std::string("V transpose failed: ") + cudaGetErrorString(e));
+  }
   const bool bf16 = p.dtype == FP_BFLOAT16;
   using attention::KvLayout;
   const int64_t width = select != nullptr ? range_tiles : a.max_q_tiles;
@@ -409,7 +523,8 @@ fp_status run(const ProblemInfo& info, const AttentionLaunch& launch, int32_t ra
     if (const cudaError_t e = attention::launch_prepare_schedule(a, stream); e != cudaSuccess)
       return fail(FP_ERROR_CUDA,
                   std::string("scheduler preparation failed: ") + cudaGetErrorString(e));
-    err = !a.paged     ? launch_kernel<KvLayout::kContiguous>(a, bf16, p.head_dim, stream)
+    err = e4m3         ? launch_e4m3_kernel(a, p.head_dim, stream)
+          : !a.paged   ? launch_kernel<KvLayout::kContiguous>(a, bf16, p.head_dim, stream)
           : a.tma_runs ? launch_kernel<KvLayout::kPagedRuns>(a, bf16, p.head_dim, stream)
                        : launch_kernel<KvLayout::kPaged>(a, bf16, p.head_dim, stream);
   }
@@ -434,8 +549,9 @@ fp_status launch_attention(const ProblemInfo& info, const fp_select_config& conf
 
 // 16-byte copies need 16-byte aligned rows; the epilogue stores element pairs; the cp.async
 // paged path numbers a pool's rows in 32 bits (heuristics.hpp); the scheduler numbers its work
-// items in 32 bits. The dtype and head dimension are checked with the problem
-// (core/problem.cpp).
+// items in 32 bits; e4m3 operands: the transposed V's rows take 32-bit TMA coordinates and the
+// transpose a grid row per request and KV head. The dtype, head dimension and what the e4m3
+// kernel computes are checked with the problem (core/problem.cpp).
 fp_status check_attention_support(const ProblemInfo& info, const fp_output& out,
                                   const fp_index* means) {
   const fp_problem& p = *info.p;
@@ -462,6 +578,17 @@ fp_status check_attention_support(const ProblemInfo& info, const fp_output& out,
     return fail(FP_ERROR_UNSUPPORTED, "CUDA attention numbers at most 2^31 work items (query tiles x "
                                       "KV heads x splits); this problem has up to " +
                                           std::to_string(items));
+  if (info.fp8.on) {
+    if (const int64_t rows = transposed_v_rows(p); rows > INT32_MAX - kKvTile)
+      return fail(FP_ERROR_UNSUPPORTED,
+                  "CUDA FP8 attention: the transposed V has total_k + 128 * batch_size rows "
+                  "(rounded up to 16), " + std::to_string(rows) + ", more than 2^31 - 65");
+    if (p.batch_size > kMaxGridRows || p.num_heads_kv > kMaxGridRows)
+      return fail(FP_ERROR_UNSUPPORTED,
+                  "CUDA FP8 attention takes at most 65535 requests and 65535 KV heads (the V "
+                  "transpose's grid), got " + std::to_string(p.batch_size) + " and " +
+                      std::to_string(p.num_heads_kv));
+  }
   return FP_OK;
 }
 

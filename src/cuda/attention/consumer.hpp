@@ -165,8 +165,15 @@ struct Consumer {
     };
 
     clear(tOrO);
-    OnlineSoftmax softmax(p.scale_log2);
     constexpr bool kE4m3 = Traits::kFp8;
+    // e4m3 (Eq. 15): the logits take c_q c_k and the output c_v of the item's (request, KV
+    // head); 16-bit operands keep the softmax scale and finalize reads no factor.
+    float scale_log2 = p.scale_log2, out_scale = 1.f;
+    if constexpr (kE4m3) {
+      scale_log2 *= descale_at(p.q_descale, w.b, w.h) * descale_at(p.k_descale, w.b, w.h);
+      out_scale = descale_at(p.v_descale, w.b, w.h);
+    }
+    OnlineSoftmax softmax(scale_log2);
     float factors[2];
     float lse[2];
     wait_ordered(p.q_tma ? ss.q_loaded : ss.q_copied, q_phase);
@@ -176,7 +183,7 @@ struct Consumer {
       release(cur.index);
       release_q();
       cur.advance();
-      softmax.finalize<kE4m3>(o, lse, p.v_descale);
+      softmax.finalize<kE4m3>(o, lse, out_scale);
       store_tile<ElementOut, Traits::kHeadDim>(p, w, o, o_coord, lse);
     } else {
       int prev = cur.index;
@@ -226,7 +233,7 @@ struct Consumer {
         OnlineSoftmax::rescale(o, factors);
         issue_pv(prev, prev_one_tile);
         warpgroup_wait<0>();
-        softmax.finalize<kE4m3>(o, lse, p.v_descale);
+        softmax.finalize<kE4m3>(o, lse, out_scale);
         if (staged) {
           named_sync<Traits::kConsumerThreads>(staging_barrier + wg);
           char* staging = reinterpret_cast<char*>(&sK(0, 0, prev)) +

@@ -10,6 +10,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "cuda/attention/params.hpp"
+
 namespace flashprefill::cuda::attention {
 
 // P~ = round_e4m3(2^8 exp(S - m)) lies in [0, 256]: the offset, in log2 units. It cancels in O
@@ -32,6 +34,11 @@ __host__ __device__ constexpr int32_t fp8_slot_key(int32_t s) {
 // len + 65 rows apart, room for the previous one's last tile in full, with 64-aligned tiles.
 __host__ __device__ constexpr int64_t transposed_v_start(int64_t key0, int32_t b) {
   return key0 / 64 * 64 + 128 * int64_t(b);
+}
+
+// Factor c(b, h) of descale tensor d for request b and KV head h; 1 without a tensor.
+__device__ __forceinline__ float descale_at(const Descale& d, int32_t b, int32_t h) {
+  return d.data == nullptr ? 1.f : d.data[b * d.stride_batch + h * d.stride_head];
 }
 
 // round_e4m3 of two floats (round to nearest even, saturating: cvt.rn.satfinite), lo in the low

@@ -46,6 +46,9 @@ inline int32_t paged_max_pairs(const fp_problem& p) {
 
 inline constexpr int64_t kElementBytes = 2;  // bf16 / fp16 operands
 
+// Bytes of one Q/K/V element: 1 for e4m3 operands (the FP8 kernel), else kElementBytes.
+inline int64_t operand_bytes(const ProblemInfo& info) { return info.fp8.on ? 1 : kElementBytes; }
+
 // The cp.async paged path numbers a pool's rows in 32 bits: row j of page `page` lies
 // unit * (page * page_units + j * token_units) bytes past the head's base, unit being the gcd of
 // the page and token strides in bytes (AttentionParams::cp_k_unit). K (v = false) or V.
@@ -129,7 +132,7 @@ inline constexpr double kL2Share = 0.5;
 inline int32_t choose_head_section(const ProblemInfo& info, int64_t l2_bytes) {
   const fp_problem& p = *info.p;
   const int64_t head_bytes =
-      std::max<int64_t>(2 * int64_t(p.max_seqlen_k) * p.head_dim * kElementBytes, 1);
+      std::max<int64_t>(2 * int64_t(p.max_seqlen_k) * p.head_dim * operand_bytes(info), 1);
   const int64_t fit = int64_t(double(l2_bytes) * kL2Share) / head_bytes;
   return int32_t(std::clamp<int64_t>(fit, 1, std::max(p.num_heads_kv, 1)));
 }
@@ -146,6 +149,7 @@ inline int32_t choose_lead_tiles(int32_t ctas, int32_t heads_kv, int32_t splits)
 // core/problem.cpp: within its range), else the heuristic. The workspace query and the launch
 // both call these, so they see the same split count.
 inline int32_t tuned_splits(const ProblemInfo& info, int num_sms) {
+  if (info.fp8.on) return 1;  // the e4m3 kernel writes no split partials (validated: <= 1 asked)
   const int32_t forced = info.p->tuning.num_splits;
   return forced > 0 ? forced : choose_splits(info, num_sms);
 }

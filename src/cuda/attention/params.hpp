@@ -17,6 +17,13 @@ namespace flashprefill::cuda::attention {
 // the run table's code ran pools that do not use it (pages of 64 and 128 keys) 1.5-2.7 % slower.
 enum class KvLayout : int { kContiguous, kPaged, kPagedRuns };
 
+// A descale tensor of e4m3 operands on the device (fp_problem's q/k/v_descale): c(b, h) =
+// data[b * stride_batch + h * stride_head] for request b and KV head h; data NULL means 1.
+struct Descale {
+  const float* data = nullptr;
+  int64_t stride_batch = 0, stride_head = 0;
+};
+
 struct AttentionParams {
   // TMA descriptors of K and V as 3-D tensors (D, Hkv, rows) with 64 x 1 x tma_box_rows boxes and
   // the 128-byte swizzle of the shared-memory stages (encoded by attention.cu). Contiguous KV:
@@ -126,9 +133,10 @@ struct AttentionParams {
   // CSR numbers their segments (b Hkv + h) range_tiles + I - tile_begin.
   int32_t tile_begin = 0, range_tiles = 0;
 
-  // e4m3 operands (Eq. 15): c_v, the factor of the output (c_q c_k is folded into scale_log2).
-  // For them v and tma_v hold the transposed V of transpose_v.cuh. Per tensor so far.
-  float v_descale = 1.f;
+  // e4m3 operands (Eq. 15): the descales of q, k and v per (request, KV head); the consumers
+  // scale the logits of an item by c_q c_k and its output by c_v (16-bit operands read none).
+  // For them v and tma_v hold the transposed V of transpose_v.cuh.
+  Descale q_descale, k_descale, v_descale;
 };
 
 }  // namespace flashprefill::cuda::attention
