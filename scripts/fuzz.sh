@@ -4,9 +4,12 @@
 # (fuzz/corpus, left unchanged) for a bounded time. Any sanitizer report, crash, timeout or failed
 # check fails the run; the input that caused it is kept as BUILD_DIR/crash-* (or leak-*, timeout-*).
 # Installs clang-14 and its runtime from Debian when they are missing.
-# Usage: bash scripts/fuzz.sh [seconds, default 150] [build-dir, default build-fuzz]
+# Usage: bash scripts/fuzz.sh [--build-only] [seconds, default 150] [build-dir, default build-fuzz]
+# (--build-only: build, run nothing; a later run without it builds nothing more)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+if [ "${1:-}" = --build-only ]; then build_only=1; shift; fi
 LIMIT=${1:-150}
 BUILD_DIR=${2:-build-fuzz}
 CXX=clang++-14
@@ -26,6 +29,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CX
   -DCMAKE_CXX_FLAGS="$sanitizers -fsanitize=fuzzer-no-link -fno-omit-frame-pointer" \
   -DCMAKE_EXE_LINKER_FLAGS="$sanitizers" -DCMAKE_SHARED_LINKER_FLAGS="$sanitizers" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)" --target fuzz_abi
+[ "$build_only" = 0 ] || exit 0
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

