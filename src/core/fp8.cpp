@@ -23,6 +23,9 @@ int32_t enum_value(const fp_dtype& field) {
 
 constexpr const char* kDescaleNames[3] = {"q_descale", "k_descale", "v_descale"};
 
+// A descale tensor copied from the device in one span holds at most this many floats per factor.
+constexpr int64_t kSpanPerFactor = 16;
+
 // Elements from a descale tensor's first factor to its last, (B - 1) stride_batch +
 // (Hkv - 1) stride_head + 1, in checked arithmetic (strides already >= 0).
 Size descale_span(const fp_problem& p, const Descale& d) {
@@ -101,13 +104,31 @@ fp_status load_fp8_scales(const fp_problem& p, const std::vector<int32_t>& cu_q,
   std::vector<float>* out[3] = {&info->cq, &info->ck, &info->cv};
   for (int which = 0; which < 3; ++which) {
     Descale d = descale_of(p, Fp8Tensor(which));
-    std::vector<float> device_copy;  // CUDA: the span of the factors, copied to the host
+    // CUDA: the factors copied to the host, in one copy of the span they lie in when it holds at
+    // most kSpanPerFactor floats per factor (FA3's [B, Hkv] tensors, expanded scalars, column
+    // slices of small tensors), else one factor at a time into a [B, Hkv] copy: a sparse span
+    // (up to 2^48 elements) is never allocated.
+    std::vector<float> device_copy;
     if (d.data != nullptr && p.device == FP_DEVICE_CUDA) {
-      device_copy.resize(size_t(descale_span(p, d).value()));
-      if (fp_status s = cuda::copy_to_host(device_copy.data(), d.data,
-                                           device_copy.size() * sizeof(float), p.stream);
-          s != FP_OK)
-        return s;
+      const Size span = descale_span(p, d);
+      if (span.fits(kSpanPerFactor * int64_t(n))) {
+        device_copy.resize(size_t(span.value()));
+        if (fp_status s = cuda::copy_to_host(device_copy.data(), d.data,
+                                             device_copy.size() * sizeof(float), p.stream);
+            s != FP_OK)
+          return s;
+      } else {
+        device_copy.resize(n);
+        for (int32_t b = 0; b < p.batch_size; ++b)
+          for (int32_t h = 0; h < p.num_heads_kv; ++h)
+            if (fp_status s = cuda::copy_to_host(&device_copy[size_t(b) * p.num_heads_kv + h],
+                                                 d.data + b * d.stride_batch + h * d.stride_head,
+                                                 sizeof(float), p.stream);
+                s != FP_OK)
+              return s;
+        d.stride_batch = p.num_heads_kv;
+        d.stride_head = 1;
+      }
       d.data = device_copy.data();
     }
     out[which]->assign(n, 1.f);
