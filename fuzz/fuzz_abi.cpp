@@ -282,8 +282,12 @@ struct OutputBuffer {
           if (!std::isfinite(x)) crash("a successful call left an output element unwritten");
           v.push_back(x);
         }
-    for (float x : lse)
-      if (!std::isfinite(x)) crash("a successful call left an LSE element unwritten");
+    // NaN is the poison; -inf is a row that sees no key (docs/ALGORITHM.md: O = 0, lse = -inf),
+    // which a foreign index can make.
+    for (float x : lse) {
+      if (std::isnan(x)) crash("a successful call left an LSE element unwritten");
+      if (x == INFINITY) crash("a successful call wrote an LSE of +inf");
+    }
     return v;
   }
 };
