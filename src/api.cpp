@@ -55,7 +55,7 @@ fp_status with_problem(Entry entry, const fp_problem* problem, const fp_select_c
     fp_problem seen = clamp_bounds(*problem, view == View::kInternalMeans);
     if (view == View::kHostLengths) seen.flags |= FP_FLAG_VALIDATE_DEVICE_METADATA;
     ProblemInfo info;
-    FP_TRY(validate_problem(&seen, &info, entry, config));
+    FP_TRY(validate_problem(&seen, &info, entry));
     FP_TRY(validate_config(config, true));
     FP_TRY(check_index_sizes(info, *config));
     return fn(info, *config, backend_for(info));
@@ -70,7 +70,7 @@ fp_status with_dense_problem(const fp_problem* problem, Fn&& fn) {
     FP_TRY(require(problem, "problem"));
     const fp_problem clamped = clamp_bounds(*problem, true);
     ProblemInfo info;
-    FP_TRY(validate_problem(&clamped, &info, Entry::kDenseAttention, nullptr));
+    FP_TRY(validate_problem(&clamped, &info, Entry::kDenseAttention));
     fp_select_config c;
     fp_select_config_default(&c);
     return fn(info, c, backend_for(info));

@@ -26,7 +26,7 @@
  * V is below 2^32 times gcd(page_stride, token_stride) (for [num_pages, page_size, Hkv, D]
  * pools: at most 2^32 rows in all). FP8 on CUDA: fp_dense_attention and fp_sparse_attention
  * (and their size queries) take dtype = FP_FLOAT8_E4M3 (e4m3 q, k and v) with contiguous KV,
- * out_dtype bfloat16, q/k/v strides of multiples of 16 elements, no mean correction,
+ * out_dtype bfloat16, q/k/v strides of multiples of 16 elements, mean correction included,
  * tuning.num_splits 0 or 1, at most 65535 requests and KV heads, and total_k + 128 B below
  * 2^31. The CUDA index stage (fp_build_index, fp_pool_kv) takes e4m3 q, k and v, contiguous or
  * paged. A bf16/fp16 q over an e4m3 KV cache, paged e4m3 attention and fp_prefill on FP8 are the

@@ -10,8 +10,8 @@ C ABI (include/flashprefill/flashprefill.h), through ctypes.
 Arrays are numpy (CPU; float32, float16, and bfloat16 through ml_dtypes) or torch tensors (CPU or
 CUDA; float32, bfloat16, float16). FP8 e4m3 (ml_dtypes / torch float8_e4m3fn q, k, v, or a
 bf16/fp16 q over an e4m3 KV cache, with descales) runs on the CPU, and on CUDA for e4m3 q, k, v
-in build_index, pool_kv, dense_attention and sparse_attention (attention: contiguous KV, no mean
-correction). api.py states the
+in build_index, pool_kv, dense_attention and sparse_attention (attention: contiguous KV).
+api.py states the
 shared conventions (layouts, varlen metadata, causal alignment, places, FP8); each call's
 docstring states its tensors.
 

@@ -41,8 +41,8 @@ Shared conventions (every call):
         an out given in bfloat16 or float16 chooses the output dtype. On CUDA, e4m3 q, k and v
         (torch.float8_e4m3fn tensors and float32 descale tensors on q's device): build_index
         and pool_kv (contiguous or paged KV), dense_attention and sparse_attention (contiguous
-        KV, a bfloat16 out, token and head strides of multiples of 16 elements, no mean
-        correction); the other FP8 problems and calls (an FP8 KV cache, paged KV in attention,
+        KV, a bfloat16 out, token and head strides of multiples of 16 elements, mean
+        correction included); the other FP8 problems and calls (an FP8 KV cache, paged KV in attention,
         prefill) run on the CPU only for now: on CUDA the library raises FlashPrefillError
         UNSUPPORTED.
 

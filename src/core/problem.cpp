@@ -174,12 +174,11 @@ fp_status validate_tuning(const fp_problem& p) {
 // An FP8 problem (k and v e4m3) on CUDA, per entry point. The index stage (fp_build_index,
 // fp_pool_kv) takes e4m3 q, k and v, contiguous or paged, its descales read on the device. The
 // attention calls (and their size queries) run the e4m3 kernel, which takes e4m3 q, k and v
-// (dtype FP_FLOAT8_E4M3), contiguous KV, a bfloat16 output, one KV split, no mean correction and
-// q/k/v strides of whole 16-byte chunks. fp_prefill is not wired to the e4m3 kernel yet. The
+// (dtype FP_FLOAT8_E4M3), contiguous KV, a bfloat16 output, one KV split and q/k/v strides of
+// whole 16-byte chunks. fp_prefill is not wired to the e4m3 kernel yet. The
 // index size and density queries launch nothing and take any FP8 problem. Checked before the
 // device is, so that every build refuses alike.
-fp_status check_cuda_fp8(const fp_problem& p, const Fp8Info& fp8, Entry entry,
-                         const fp_select_config* config) {
+fp_status check_cuda_fp8(const fp_problem& p, const Fp8Info& fp8, Entry entry) {
   switch (entry) {
     case Entry::kIndexSizes:
     case Entry::kIndexDensity:
@@ -216,9 +215,6 @@ fp_status check_cuda_fp8(const fp_problem& p, const Fp8Info& fp8, Entry entry,
     return unsupported(format("FP8 e4m3 on CUDA: the attention kernel does not split KV "
                               "iterations; tuning.num_splits must be 0 or 1, got %d",
                               p.tuning.num_splits));
-  if (entry == Entry::kSparseAttention && config != nullptr && config->mean_correction != 0)
-    return unsupported("FP8 e4m3 on CUDA: the attention kernel has no mean correction yet; set "
-                       "config->mean_correction to 0");
   const struct {
     const char* name;
     int64_t token, head;
@@ -291,8 +287,7 @@ KvAddress ProblemInfo::kv_address(int32_t b, bool value) const {
   return a;
 }
 
-fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, Entry entry,
-                           const fp_select_config* config) {
+fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, Entry entry) {
   if (problem == nullptr) return invalid("problem is NULL");
   const fp_problem& p = *problem;
   info->p = problem;
@@ -371,7 +366,7 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, Entry e
   }
   if (p.device == FP_DEVICE_CUDA) {
     if (info->fp8.on)
-      if (fp_status s = check_cuda_fp8(p, info->fp8, entry, config); s != FP_OK) return s;
+      if (fp_status s = check_cuda_fp8(p, info->fp8, entry); s != FP_OK) return s;
     if (!cuda::available())
       return fail(FP_ERROR_UNSUPPORTED,
                   "device is FP_DEVICE_CUDA but this build has no CUDA backend or no sm_90 GPU "

@@ -63,10 +63,7 @@ enum class Entry {
   kIndexDensity,     // fp_index_density
 };
 
-// `config`: the call's selection config (NULL for the dense calls), read here only for what the
-// CUDA FP8 attention supports; validate_config checks it.
-fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, Entry entry,
-                           const fp_select_config* config);
+fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, Entry entry);
 fp_status validate_config(const fp_select_config* config, bool need_block_size);
 
 // The index sizes; valid once check_index_sizes returned FP_OK for the same problem and config.

@@ -206,6 +206,8 @@ double causal_flops(const Inputs& in) {
 // query tile's causal tiles, each kept with probability `density`.
 struct Csr {
   std::vector<int32_t> cu, idx;
+  bool correction = false;              // mean correction over the blocks the index leaves out
+  std::vector<float> k_mean, v_mean;    // with it: the block means (pool_means)
 };
 
 int32_t max_q_tiles(const Shape& s) {
@@ -294,7 +296,7 @@ fp_output output_of(const Inputs& in, void* out, float* lse) {
   return o;
 }
 
-// fp_dense_attention, or fp_sparse_attention over csr (no mean correction), on the CPU.
+// fp_dense_attention, or fp_sparse_attention over csr (with its mean correction), on the CPU.
 void cpu_attend(const fp_problem& p, const fp_output& o, const Csr* csr) {
   if (!csr) {
     FP_OK_OR_DIE(fp_dense_attention(&p, &o, nullptr, 0));
@@ -302,13 +304,16 @@ void cpu_attend(const fp_problem& p, const fp_output& o, const Csr* csr) {
   }
   fp_select_config config;
   fp_select_config_default(&config);
-  config.mean_correction = 0;
+  config.mean_correction = csr->correction;
   fp_index_sizes sizes;
   FP_OK_OR_DIE(fp_index_sizes_query(&p, &config, &sizes));
   std::vector<int32_t> cu = csr->cu, idx = csr->idx;
   idx.resize(std::max<size_t>(idx.size(), 1));
   std::vector<float> k_mean(size_t(std::max<int64_t>(sizes.mean_elements, 1)), 0.f);
-  const fp_index index{cu.data(), idx.data(), k_mean.data(), nullptr, int64_t(csr->idx.size())};
+  const fp_index index{cu.data(), idx.data(),
+                       csr->correction ? const_cast<float*>(csr->k_mean.data()) : k_mean.data(),
+                       csr->correction ? const_cast<float*>(csr->v_mean.data()) : nullptr,
+                       int64_t(csr->idx.size())};
   FP_OK_OR_DIE(fp_sparse_attention(&p, &config, &index, &o, nullptr, 0));
 }
 
@@ -357,6 +362,24 @@ Result cpu_fp8(const Inputs& in, const Csr* csr) {
   cpu_attend(p, o, csr);
   r.out = bf16_values(bits);
   return r;
+}
+
+// The index with mean correction: the block means of the e4m3 problem, pooled by the library
+// on the CPU (float32 means of the dequantized K/V), which every reference and the CUDA call read.
+Csr with_correction(const Inputs& in, Csr c) {
+  const std::vector<float> descales = descale_values(in);
+  const fp_problem p = fp8_problem(in, FP_DEVICE_CPU, in.q.bits.data(), in.k.bits.data(),
+                                   in.v.bits.data(), in.cu_q.data(), in.cu_k.data(),
+                                   descales.data());
+  fp_select_config config;
+  fp_select_config_default(&config);
+  fp_index_sizes sizes;
+  FP_OK_OR_DIE(fp_index_sizes_query(&p, &config, &sizes));
+  c.correction = true;
+  c.k_mean.assign(size_t(std::max<int64_t>(sizes.mean_elements, 1)), 0.f);
+  c.v_mean.assign(c.k_mean.size(), 0.f);
+  FP_OK_OR_DIE(fp_pool_kv(&p, &config, c.k_mean.data(), c.v_mean.data(), nullptr));
+  return c;
 }
 
 std::vector<float> dequantized(const Quantized& x) {
@@ -428,11 +451,12 @@ struct Bf16Run {
 
 // ---- The e4m3 attention through the C ABI -----------------------------------------------------
 
-// fp_dense_attention, or fp_sparse_attention over csr (no mean correction), on CUDA: e4m3 Q/K/V,
+// fp_dense_attention, or fp_sparse_attention over csr (with its mean correction), on CUDA: e4m3 Q/K/V,
 // device descales and lengths, bf16 output; the problem's flags and stream as given.
 struct Fp8Call {
   DeviceBuffer<uint8_t> q, k, v;
   DeviceBuffer<int32_t> cu_q, cu_k, cu, idx;
+  DeviceBuffer<float> k_mean, v_mean;  // with mean correction
   DeviceBuffer<float> descales;  // descale_values
   DeviceBuffer<uint16_t> out;    // bf16 [total_q, Hq, D]
   DeviceBuffer<float> lse;       // [Hq, total_q]
@@ -457,14 +481,19 @@ struct Fp8Call {
     p.stream = stream;
     o = output_of(in, out.ptr, lse.ptr);
     fp_select_config_default(&config);
-    config.mean_correction = 0;  // the e4m3 kernel has none yet
+    config.mean_correction = csr != nullptr && csr->correction;
     size_t ws = 0;
     if (csr) {
       sparse = true;
       cu.upload(csr->cu);
       idx.upload(csr->idx);
       if (idx.count == 0) idx.resize(1);
-      index = fp_index{cu.ptr, idx.ptr, nullptr, nullptr, int64_t(csr->idx.size())};
+      if (csr->correction) {
+        k_mean.upload(csr->k_mean);
+        v_mean.upload(csr->v_mean);
+      }
+      index = fp_index{cu.ptr, idx.ptr, csr->correction ? k_mean.ptr : nullptr,
+                       csr->correction ? v_mean.ptr : nullptr, int64_t(csr->idx.size())};
       FP_OK_OR_DIE(fp_sparse_attention_workspace_size(&p, &config, &ws));
     } else {
       FP_OK_OR_DIE(fp_dense_attention_workspace_size(&p, &ws));
@@ -597,6 +626,14 @@ void check_shape(const Shape& s) {
          errors(sparse, cpu_fp8(in, &csr), in), kFp8Tolerance);
   report("  sparse 30 %: fp8 library vs float32, same index",
          errors(sparse, cpu_exact(in, &csr), in), kExactTolerance);
+  // The same index with mean correction over the blocks it leaves out (the means pooled on the
+  // CPU): the e4m3 surrogate keys against the CPU FP8 reference's, and float32 ones.
+  const Csr corrected = with_correction(in, csr);
+  const Result sparse_corrected = run_fp8(in, &corrected);
+  report("  sparse 30 %, mean correction: fp8 library vs CPU FP8 reference",
+         errors(sparse_corrected, cpu_fp8(in, &corrected), in), kFp8Tolerance);
+  report("  sparse 30 %, mean correction: fp8 library vs float32, same index",
+         errors(sparse_corrected, cpu_exact(in, &corrected), in), kExactTolerance);
 }
 
 // A pass/fail line of its own.

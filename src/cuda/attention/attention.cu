@@ -61,8 +61,12 @@ struct PartialBytes {
 size_t lowp_mean_bytes(const ProblemInfo& info, const fp_select_config& config, bool sparse) {
   if (!sparse || !config.mean_correction) return 0;
   const fp_problem& p = *info.p;
-  const int64_t rows = attention::converted_mean_rows(p.batch_size, p.num_heads_kv,
-                                                      index_sizes(info, config).max_blocks);
+  const int32_t max_blocks = index_sizes(info, config).max_blocks;
+  const int64_t rows = attention::converted_mean_rows(p.batch_size, p.num_heads_kv, max_blocks);
+  if (info.fp8.on)  // e4m3: k as rows, v transposed in whole 32-block slot groups
+    return align_up(size_t(std::max<int64_t>(rows, int64_t(p.batch_size) * p.num_heads_kv *
+                                                       attention::e4m3_mean_vt_blocks(max_blocks))) *
+                    size_t(p.head_dim));
   return align_up(size_t(rows) * size_t(p.head_dim) * size_t(kElementBytes));
 }
 
@@ -276,6 +280,33 @@ fp_status encode_e4m3_kv_maps(const ProblemInfo& info, const void* vt, int64_t v
   return FP_OK;
 }
 
+// e4m3 surrogate keys (launch_e4m3_means): the k means [rows, D] as (D, rows, 1) in boxes of a
+// whole window (D x 128 blocks, the swizzle of K's rows), and the transposed v means
+// [B * Hkv, D, e4m3_mean_vt_blocks] as (blocks, D, B * Hkv) in 64-block x D boxes, one per half
+// of a window's V^T (the 64-byte swizzle of SmemLayoutVt).
+fp_status encode_e4m3_mean_maps(const ProblemInfo& info, const void* k_means, const void* v_means,
+                                AttentionParams& a) {
+  const int d = info.p->head_dim;
+  const RowFormat f = row_format(info);
+  const cuuint64_t k_dims[3] = {cuuint64_t(d),
+                                cuuint64_t(attention::converted_mean_rows(a.batch, a.heads_kv,
+                                                                          a.max_blocks)),
+                                1};
+  const cuuint64_t k_strides[2] = {cuuint64_t(d), cuuint64_t(d)};
+  const cuuint32_t k_box[3] = {uint32_t(d), uint32_t(2 * kKvTile), 1};
+  if (fp_status s = encode_map(&a.tma_k_mean, k_means, 3, k_dims, k_strides, k_box, "the k means",
+                               f.type, f.swizzle);
+      s != FP_OK)
+    return s;
+  const int64_t blocks = attention::e4m3_mean_vt_blocks(a.max_blocks);
+  const cuuint64_t v_dims[3] = {cuuint64_t(blocks), cuuint64_t(d),
+                                cuuint64_t(int64_t(a.batch) * a.heads_kv)};
+  const cuuint64_t v_strides[2] = {cuuint64_t(blocks), cuuint64_t(blocks) * cuuint64_t(d)};
+  const cuuint32_t v_box[3] = {uint32_t(kKvTile), uint32_t(d), 1};
+  return encode_map(&a.tma_v_mean, v_means, 3, v_dims, v_strides, v_box, "the v means",
+                    CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_64B);
+}
+
 // Work items the persistent grid may number: every request's query tiles (at most
 // ceil(g total_q / 128) + batch) times KV heads times splits.
 int64_t max_items(const ProblemInfo& info, int32_t splits) {
@@ -451,12 +482,17 @@ fp_status make_launch(const ProblemInfo& info, const fp_select_config& config,
   if (a.correction && a.max_q_tiles > 0 && p.total_q > 0) {
     launch->k_lowp = part;
     launch->v_lowp = part + w.mean;
-    if (fp_status s = encode_mean_map(&a.tma_k_mean, launch->k_lowp, a, p.head_dim, "the k means");
-        s != FP_OK)
-      return s;
-    if (fp_status s = encode_mean_map(&a.tma_v_mean, launch->v_lowp, a, p.head_dim, "the v means");
-        s != FP_OK)
-      return s;
+    if (info.fp8.on) {
+      if (fp_status s = encode_e4m3_mean_maps(info, launch->k_lowp, launch->v_lowp, a); s != FP_OK)
+        return s;
+    } else {
+      if (fp_status s = encode_mean_map(&a.tma_k_mean, launch->k_lowp, a, p.head_dim, "the k means");
+          s != FP_OK)
+        return s;
+      if (fp_status s = encode_mean_map(&a.tma_v_mean, launch->v_lowp, a, p.head_dim, "the v means");
+          s != FP_OK)
+        return s;
+    }
   }
   part += 2 * w.mean;
   if (info.fp8.on) {
@@ -495,7 +531,10 @@ fp_status run(const ProblemInfo& info, const AttentionLaunch& launch, int32_t ra
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
   if (a.correction) {
     const cudaError_t e =
-        attention::launch_lowp_means(a, p.dtype, p.head_dim, launch.k_lowp, launch.v_lowp, stream);
+        info.fp8.on
+            ? attention::launch_e4m3_means(a, p.head_dim, launch.k_lowp, launch.v_lowp, stream)
+            : attention::launch_lowp_means(a, p.dtype, p.head_dim, launch.k_lowp, launch.v_lowp,
+                                           stream);
     if (e != cudaSuccess)
       return fail(FP_ERROR_CUDA, std::string("mean conversion failed: ") + cudaGetErrorString(e));
   }

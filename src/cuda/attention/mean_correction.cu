@@ -51,16 +51,11 @@ __device__ __forceinline__ int32_t fp8_key_slot(int32_t k) {
   return 16 * h + 4 * t + 2 * a + c;
 }
 
-__device__ __forceinline__ float descale_of(const float* d, int64_t stride_b, int64_t stride_h,
-                                            int32_t b, int32_t h) {
-  return d == nullptr ? 1.f : d[b * stride_b + h * stride_h];
-}
-
 // One thread per (request, KV head, block, 8-element chunk): the k chunk as a row of k_out, the
 // v chunk into 8 rows of its head's transposed v_out, at the block's slot column.
 __global__ void __launch_bounds__(kThreads)
-    e4m3_means_kernel(const __grid_constant__ AttentionParams p, MeanDescales c, int head_dim,
-                      uint8_t* k_out, uint8_t* v_out) {
+    e4m3_means_kernel(const __grid_constant__ AttentionParams p, int head_dim, uint8_t* k_out,
+                      uint8_t* v_out) {
   const int chunks_per_row = head_dim / kChunk;
   const int64_t rows = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks);
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
@@ -73,8 +68,8 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t len_kv =
       p.paged ? p.seqlens_k[b] : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
   const bool pooled = j < BlockGeometry{p.block_size, len_kv}.num_blocks();
-  const float inv_k = 1.f / descale_of(c.k, c.k_stride_batch, c.k_stride_head, b, h);
-  const float inv_v = 1.f / descale_of(c.v, c.v_stride_batch, c.v_stride_head, b, h);
+  const float inv_k = 1.f / descale_at(p.k_descale, b, h);
+  const float inv_v = 1.f / descale_at(p.v_descale, b, h);
   const int64_t offset = row * head_dim + col;
   uint32_t k_words[2];
   uint8_t v_bytes[kChunk];
@@ -100,16 +95,15 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-cudaError_t launch_e4m3_means(const AttentionParams& p, const MeanDescales& descales,
-                              int head_dim, void* k_out, void* v_out, cudaStream_t stream) {
+cudaError_t launch_e4m3_means(const AttentionParams& p, int head_dim, void* k_out, void* v_out,
+                              cudaStream_t stream) {
   const int64_t chunks = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks) * (head_dim / kChunk);
   if (chunks == 0) return cudaSuccess;
   // Slot columns past max_blocks (to the group's end) are read by the windows: zeros.
   const int64_t vt_bytes = int64_t(p.batch) * p.heads_kv * head_dim * e4m3_mean_vt_blocks(p.max_blocks);
   if (cudaError_t e = cudaMemsetAsync(v_out, 0, size_t(vt_bytes), stream); e != cudaSuccess) return e;
   const unsigned grid = unsigned((chunks + kThreads - 1) / kThreads);
-  e4m3_means_kernel<<<grid, kThreads, 0, stream>>>(p, descales, head_dim,
-                                                   static_cast<uint8_t*>(k_out),
+  e4m3_means_kernel<<<grid, kThreads, 0, stream>>>(p, head_dim, static_cast<uint8_t*>(k_out),
                                                    static_cast<uint8_t*>(v_out));
   return cudaGetLastError();
 }

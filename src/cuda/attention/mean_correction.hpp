@@ -37,17 +37,12 @@ cudaError_t launch_lowp_means(const AttentionParams& p, fp_dtype dtype, int head
                               void* v_out, cudaStream_t stream);
 
 // e4m3 surrogate keys (docs/ALGORITHM.md "FP8 e4m3": rho rounds a mean to e4m3 with its
-// tensor's descale, round_e4m3(mean / c(b, h))): k_out as launch_lowp_means lays it out; v_out
-// transposed as the kernel's V^T, [batch * heads_kv, head_dim, e4m3_mean_vt_blocks(max_blocks)],
-// each 32-block group in the slot order of fp8_slot_key (fp8.hpp), zeros past a request's
-// blocks. Descales: device pointers with (request, KV head) strides, NULL = 1.
-struct MeanDescales {
-  const float* k = nullptr;
-  const float* v = nullptr;
-  int64_t k_stride_batch = 0, k_stride_head = 0, v_stride_batch = 0, v_stride_head = 0;
-};
-cudaError_t launch_e4m3_means(const AttentionParams& p, const MeanDescales& descales,
-                              int head_dim, void* k_out, void* v_out, cudaStream_t stream);
+// tensor's descale, round_e4m3(mean / c(b, h)), the descales p.k_descale / p.v_descale on the
+// device): k_out as launch_lowp_means lays it out; v_out transposed as the kernel's V^T,
+// [batch * heads_kv, head_dim, e4m3_mean_vt_blocks(max_blocks)], each 32-block group in the slot
+// order of fp8_slot_key (fp8.hpp), zeros past a request's blocks.
+cudaError_t launch_e4m3_means(const AttentionParams& p, int head_dim, void* k_out, void* v_out,
+                              cudaStream_t stream);
 
 // Block columns of one (request, KV head) of the transposed e4m3 v means: whole 32-block slot
 // groups, a multiple of 16 bytes (the TMA map's stride).
