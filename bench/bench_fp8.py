@@ -15,9 +15,11 @@ Rows:
               within 1.15x).
   fp8_prefill L = --prefill-length: the whole e4m3 prefill (index stage on the e4m3 inputs, then
               the sparse operator; the default config, mean correction on) on the demo's
-              structured workload with its
-              queries scaled so that the bf16 selection keeps --prefill-density (5 %) of the
-              causal tiles (as bench_attention.py's demo_q_scaled), vs FA2 and cuDNN dense.
+              structured workload with its queries scaled so that the bf16 selection keeps
+              --prefill-density (5 %) of the causal tiles (as bench_attention.py's
+              demo_q_scaled), vs our bf16 prefill on the dequantized inputs and FA2 and cuDNN
+              dense; once with e4m3 q/k/v and once with a bf16 q over the e4m3 K/V (q_dtype
+              bf16: the library quantizes q, c_q = max|q| / 448 per KV head).
 
 --device cpu runs the rows on the library's CPU reference (the baselines left out): a smoke run
 of the code paths at small lengths, not a measurement.
@@ -53,17 +55,23 @@ class Fp8Batch:
     inputs, which the block-mask indexes pool); `dequantized` is the bf16 Batch on the same
     inputs (the bf16 rows and the baselines run on it)."""
 
-    def __init__(self, q, k, v):
+    def __init__(self, q, k, v, kv_cache=False):
         L = q.shape[0]
         (self.q8, self.cq, qd), (self.k8, self.ck, kd), (self.v8, self.cv, vd) = (
             quantize(t) for t in (q, k, v))
+        if kv_cache:  # a bf16 q over the e4m3 cache: the library quantizes q (dynamic c_q)
+            qd = q.to(torch.bfloat16)
         self.dequantized = ba.Batch([L], [L], qd, kd, vd)
         self.batch = ba.Batch([L], [L], qd, kd, vd)  # its problem becomes the e4m3 one
         p = self.batch.problem
-        p.dtype, p.out_dtype = FP_FLOAT8_E4M3, ba.FP_BF16
-        p.q, p.k, p.v = self.q8.data_ptr(), self.k8.data_ptr(), self.v8.data_ptr()
-        p.q_descale, p.k_descale, p.v_descale = (
-            self.cq.data_ptr(), self.ck.data_ptr(), self.cv.data_ptr())
+        p.k, p.v = self.k8.data_ptr(), self.v8.data_ptr()
+        p.k_descale, p.v_descale = self.ck.data_ptr(), self.cv.data_ptr()
+        p.out_dtype = ba.FP_BF16
+        if kv_cache:
+            p.kv_dtype = FP_FLOAT8_E4M3
+        else:
+            p.dtype = FP_FLOAT8_E4M3
+            p.q, p.q_descale = self.q8.data_ptr(), self.cq.data_ptr()
 
 
 def dense_rows(args, lib, report):
@@ -112,34 +120,48 @@ def sparse_rows(args, lib, gen, report):
 
 
 def prefill_rows(args, lib, report):
+    """The whole prefill, e4m3 q/k/v and a bf16 q over the e4m3 cache, beside our bf16 prefill
+    on the same (dequantized) inputs and the dense baselines."""
     L = args.prefill_length
     q, k, v = ba.structured_workload(lib, L)
     b = ba.Batch([L], [L], q.clone(), k, v)
     ours16 = ba.Ours(lib, b)
     cfg = lib.config(alpha=0.1, correction=1)
     scale = ba.calibrate_q_scale(ours16, b, q, cfg, args.prefill_density)
-    f = Fp8Batch(q * scale, k, v)
-    ours8 = ba.Ours(lib, f.batch)
-    build = ours8.build_index(cfg)
+    for kv_cache in (False, True):
+        f = Fp8Batch(q * scale, k, v, kv_cache=kv_cache)
+        ours8, bf16 = ba.Ours(lib, f.batch), ba.Ours(lib, f.dequantized)
+        build8, build16 = ours8.build_index(cfg), bf16.build_index(cfg)
 
-    def prefill():
-        build()
-        ours8.sparse()
-    out8 = f.batch.poisoned_run(prefill)
-    density = ours8.density()
-    t_index, t_attn = median_ms(build), median_ms(ours8.sparse)
-    t_total = median_ms(prefill)
-    base = {name: ba.try_ms(ba.sdpa(f.dequantized, backend)) for name, backend in
-            (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION))}
-    row = dict(row="fp8_prefill", workload="demo_q_scaled", L=L, q_scale=scale, density=density,
-               target_density=args.prefill_density, correction=1, index_ms=t_index,
-               attn_ms=t_attn, total_ms=t_total, fa2_ms=base["fa2"], cudnn_ms=base["cudnn"],
-               finite=bool(torch.isfinite(out8).all()),
-               err_vs_dense=ba.reference_error(f.dequantized, out8))
-    for name in ("fa2", "cudnn"):
-        if base[name] is not None:
-            row[f"speedup_vs_{name}"] = base[name] / t_total
-    report(row)
+        def prefill():
+            build8()
+            ours8.sparse()
+
+        def prefill16():
+            build16()
+            bf16.sparse()
+        out8 = f.batch.poisoned_run(prefill)
+        density = ours8.density()
+        t_index, t_attn = median_ms(build8), median_ms(ours8.sparse)
+        t_total = median_ms(prefill)
+        out16 = f.dequantized.poisoned_run(prefill16)
+        t16 = median_ms(prefill16)
+        base = {name: ba.try_ms(ba.sdpa(f.dequantized, backend)) for name, backend in
+                (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION))}
+        row = dict(row="fp8_prefill", workload="demo_q_scaled", L=L, q_scale=scale,
+                   q_dtype="bf16" if kv_cache else "e4m3", density=density,
+                   target_density=args.prefill_density, correction=1, index_ms=t_index,
+                   attn_ms=t_attn, total_ms=t_total, bf16_total_ms=t16,
+                   fp8_vs_bf16=t16 / t_total, fa2_ms=base["fa2"], cudnn_ms=base["cudnn"],
+                   finite=bool(torch.isfinite(out8).all()),
+                   err_vs_dense=ba.reference_error(f.dequantized, out8),
+                   bf16_err_vs_dense=ba.reference_error(f.dequantized, out16))
+        for name in ("fa2", "cudnn"):
+            if base[name] is not None:
+                row[f"speedup_vs_{name}"] = base[name] / t_total
+        report(row)
+        del f, ours8, bf16, build8, build16, out8, out16
+        ba.empty_cache()
 
 
 def main():

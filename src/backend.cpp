@@ -1,6 +1,7 @@
 #include "backend.hpp"
 
 #include "cuda/backend.hpp"
+#include "cuda/quantize/quantize_q.hpp"
 #include "reference/reference.hpp"
 
 namespace flashprefill {
@@ -40,19 +41,61 @@ constexpr Backend kCpu{
         },
 };
 
+// The CUDA stages see a bf16/fp16 q over an e4m3 cache as the e4m3 problem of its quantized q
+// (cuda/quantize/quantize_q.hpp): the sizes add the quantized q's bytes, the stages quantize q
+// into the front of the workspace first. fp_pool_kv reads no q.
+cuda::E4m3Problem e4m3_sizes(const ProblemInfo& info) {
+  cuda::E4m3Problem e;
+  cuda::e4m3_problem(info, nullptr, &e);
+  return e;
+}
+
+Size front_bytes(const ProblemInfo& info) { return Size(int64_t(cuda::quantized_q_bytes(info))); }
+
 constexpr Backend kCuda{
     .index_workspace =
         [](const ProblemInfo& info, const fp_select_config& c) {
-          return cuda_bytes(cuda::build_index_workspace(info, c));
+          if (!info.fp8.quantize_q) return cuda_bytes(cuda::build_index_workspace(info, c));
+          return front_bytes(info) +
+                 cuda_bytes(cuda::build_index_workspace(e4m3_sizes(info).info, c));
         },
     .attention_workspace =
         [](const ProblemInfo& info, const fp_select_config& c, bool sparse) {
-          return cuda_bytes(cuda::attention_workspace(info, c, sparse));
+          if (!info.fp8.quantize_q) return cuda_bytes(cuda::attention_workspace(info, c, sparse));
+          return front_bytes(info) +
+                 cuda_bytes(cuda::attention_workspace(e4m3_sizes(info).info, c, sparse));
         },
-    .build_index = cuda::build_index,
-    .pool_kv = cuda::pool_kv,
-    .sparse_attention = cuda::sparse_attention,
-    .dense_attention = cuda::dense_attention,
+    .build_index =
+        [](const ProblemInfo& info, const fp_select_config& c, const fp_index& index, void* ws,
+           size_t bytes) {
+          return cuda::with_e4m3_q(info, ws, bytes,
+                                   [&](const ProblemInfo& e4m3, void* rest, size_t left) {
+                                     return cuda::build_index(e4m3, c, index, rest, left);
+                                   });
+        },
+    .pool_kv =
+        [](const ProblemInfo& info, const fp_select_config& c, float* k_mean, float* v_mean,
+           const int32_t* pooled_keys) {
+          if (!info.fp8.quantize_q) return cuda::pool_kv(info, c, k_mean, v_mean, pooled_keys);
+          const cuda::E4m3Problem e4m3 = e4m3_sizes(info);
+          return cuda::pool_kv(e4m3.info, c, k_mean, v_mean, pooled_keys);
+        },
+    .sparse_attention =
+        [](const ProblemInfo& info, const fp_select_config& c, const fp_index& index,
+           const fp_output& out, void* ws, size_t bytes) {
+          return cuda::with_e4m3_q(info, ws, bytes,
+                                   [&](const ProblemInfo& e4m3, void* rest, size_t left) {
+                                     return cuda::sparse_attention(e4m3, c, index, out, rest,
+                                                                   left);
+                                   });
+        },
+    .dense_attention =
+        [](const ProblemInfo& info, const fp_output& out, void* ws, size_t bytes) {
+          return cuda::with_e4m3_q(info, ws, bytes,
+                                   [&](const ProblemInfo& e4m3, void* rest, size_t left) {
+                                     return cuda::dense_attention(e4m3, out, rest, left);
+                                   });
+        },
 };
 
 }  // namespace

@@ -172,61 +172,54 @@ fp_status validate_tuning(const fp_problem& p) {
 }
 
 // An FP8 problem (k and v e4m3) on CUDA, per entry point. The index stage (fp_build_index,
-// fp_pool_kv) takes e4m3 q, k and v, contiguous or paged, its descales read on the device. The
-// attention calls (and their size queries) run the e4m3 kernel, which takes e4m3 q, k and v
-// (dtype FP_FLOAT8_E4M3), contiguous KV, a bfloat16 output, one KV split and q/k/v strides of
-// whole 16-byte chunks. fp_prefill is not wired to the e4m3 kernel yet. The
-// index size and density queries launch nothing and take any FP8 problem. Checked before the
-// device is, so that every build refuses alike.
+// fp_pool_kv) and the attention calls (fp_dense_attention, fp_sparse_attention, fp_prefill and
+// their size queries) run the e4m3 kernels, which take e4m3 q, k and v, or a bf16/fp16 q over
+// e4m3 K/V (quantized to e4m3 in the workspace first, cuda/quantize/quantize_q.hpp),
+// contiguous or paged KV (a paged cache gathered into the workspace), a bfloat16 output and
+// e4m3 rows of whole 16-byte chunks (a bf16/fp16 q: of 8 elements). The index size and density
+// queries launch nothing and take any FP8 problem. Checked before the device is, so that every
+// build refuses alike.
 fp_status check_cuda_fp8(const fp_problem& p, const Fp8Info& fp8, Entry entry) {
+  const bool paged = p.kv_layout == FP_KV_PAGED;
+  struct Operand {
+    const char* name;
+    int64_t token, head, page;
+  };
+  const Operand q{"q", p.q_stride_token, p.q_stride_head, 0};
+  const Operand kv[] = {{"k", p.k_stride_token, p.k_stride_head, paged ? p.k_stride_page : 0},
+                        {"v", p.v_stride_token, p.v_stride_head, paged ? p.v_stride_page : 0}};
+  auto chunks = [](const Operand& t, int64_t elements) -> fp_status {
+    if (t.token % elements == 0 && t.head % elements == 0 && t.page % elements == 0) return FP_OK;
+    return unsupported(format("FP8 e4m3 on CUDA: the kernels read rows in 16-byte chunks; %s "
+                              "strides must be multiples of %lld elements, got (token %lld, head "
+                              "%lld%s)",
+                              t.name, (long long)elements, (long long)t.token,
+                              (long long)t.head,
+                              t.page != 0 ? format(", page %lld", (long long)t.page).c_str()
+                                          : ""));
+  };
   switch (entry) {
     case Entry::kIndexSizes:
     case Entry::kIndexDensity:
+    case Entry::kPoolKv:
       return FP_OK;
     case Entry::kBuildIndex:
-    case Entry::kPoolKv:
-      if (fp8.quantize_q)
-        return unsupported(format("a %s q over e4m3 K/V on CUDA: the CUDA index stage takes e4m3 "
-                                  "q, k and v (quantize q with its q_descale first; the CPU "
-                                  "computes this problem)",
-                                  dtype_name(fp8.q_dtype)));
-      return FP_OK;
+      if (fp8.quantize_q && reinterpret_cast<uintptr_t>(p.q) % 16 != 0)
+        return unsupported("FP8 e4m3 on CUDA: a bf16/fp16 q over e4m3 K/V is read in 16-byte "
+                           "chunks and must be 16-byte aligned");
+      return fp8.quantize_q ? chunks(q, 8) : FP_OK;
     case Entry::kPrefill:
-      return unsupported("FP8 e4m3 K/V on CUDA: fp_prefill does not run the e4m3 kernel yet (the "
-                         "CPU computes it; on CUDA, fp_build_index then fp_sparse_attention, or "
-                         "fp_dense_attention, take e4m3 Q/K/V)");
     case Entry::kSparseAttention:
     case Entry::kDenseAttention:
       break;
   }
-  if (fp8.quantize_q)
-    return unsupported(format("FP8 e4m3 K/V on CUDA: a %s q over an e4m3 KV cache (kv_dtype) is "
-                              "computed on the CPU only; the CUDA attention takes e4m3 q, k and "
-                              "v (dtype FP_FLOAT8_E4M3)",
-                              dtype_name(fp8.q_dtype)));
-  if (p.kv_layout == FP_KV_PAGED)
-    return unsupported("FP8 e4m3 on CUDA: the attention kernel reads contiguous K/V only (a paged "
-                       "e4m3 cache is computed on the CPU)");
   if (fp8.out_dtype != FP_BFLOAT16)
     return unsupported(format("FP8 e4m3 on CUDA: the attention kernel writes bfloat16, not %s "
                               "(out_dtype)",
                               dtype_name(fp8.out_dtype)));
-  if (p.tuning.num_splits > 1)
-    return unsupported(format("FP8 e4m3 on CUDA: the attention kernel does not split KV "
-                              "iterations; tuning.num_splits must be 0 or 1, got %d",
-                              p.tuning.num_splits));
-  const struct {
-    const char* name;
-    int64_t token, head;
-  } operands[] = {{"q", p.q_stride_token, p.q_stride_head},
-                  {"k", p.k_stride_token, p.k_stride_head},
-                  {"v", p.v_stride_token, p.v_stride_head}};
-  for (const auto& t : operands)
-    if (t.token % 16 != 0 || t.head % 16 != 0)
-      return unsupported(format("FP8 e4m3 on CUDA: the attention kernel reads rows in 16-byte "
-                                "chunks; %s strides must be multiples of 16 elements, got (token "
-                                "%lld, head %lld)",
-                                t.name, (long long)t.token, (long long)t.head));
+  if (fp_status s = chunks(q, fp8.quantize_q ? 8 : 16); s != FP_OK) return s;
+  for (const Operand& t : kv)
+    if (fp_status s = chunks(t, 16); s != FP_OK) return s;
   return FP_OK;
 }
 

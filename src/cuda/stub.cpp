@@ -1,5 +1,6 @@
 // The CUDA backend of a build without CUDA: every entry reports that clearly.
 #include "cuda/backend.hpp"
+#include "cuda/quantize/quantize_q.hpp"
 
 namespace flashprefill::cuda {
 namespace {
@@ -31,5 +32,12 @@ fp_status prefill(const ProblemInfo&, const fp_select_config&, const fp_index&, 
                   const fp_output&, void*, size_t) {
   return no_cuda();
 }
+size_t quantized_q_bytes(const ProblemInfo&) { return 0; }
+void e4m3_problem(const ProblemInfo& info, void*, E4m3Problem* out) {
+  out->p = *info.p;
+  out->info = info;
+  out->info.p = &out->p;
+}
+fp_status quantize_q(const ProblemInfo&, void*) { return no_cuda(); }
 
 }  // namespace flashprefill::cuda

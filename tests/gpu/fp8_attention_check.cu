@@ -710,6 +710,260 @@ void check_bad_descale(const Shape& s) {
           "  refused (" + message + "), output untouched");
 }
 
+// ---- Paged KV, a bf16 q over the e4m3 cache, KV splits and fp_prefill ------------------------
+
+// How a call lays out the problem of check_shape's e4m3 inputs.
+struct Variant {
+  std::string name;
+  int page_size = 0;       // > 0: paged KV, pages of this many keys in a shuffled pool
+  bool bf16_q = false;     // a bfloat16 q (the dequantized q in bf16) over the e4m3 cache
+  bool dynamic_q = false;  // with bf16_q: q_descale NULL (c_q = max|q| / 448, the library's)
+  int splits = 0;          // tuning.num_splits (0: the heuristic)
+};
+
+// The host tensors of a variant: the bf16 q, the paged pools and their table.
+struct Layout {
+  std::vector<uint16_t> q16;
+  std::vector<uint8_t> k_pool, v_pool;
+  std::vector<int32_t> page_table, seqlens_k;
+  int32_t num_pages = 0, max_pages = 0;
+};
+
+Layout make_layout(const Inputs& in, const Variant& var) {
+  Layout l;
+  if (var.bf16_q) {
+    l.q16.resize(in.q.bits.size());
+    for (size_t i = 0; i < l.q16.size(); ++i) l.q16[i] = bf16_bits(in.q.value(i));
+  }
+  if (var.page_size > 0) {
+    const int P = var.page_size, B = int(in.shape.len_kv.size());
+    const size_t row = size_t(in.shape.heads_kv) * in.shape.head_dim;
+    for (int b = 0; b < B; ++b) {
+      l.max_pages = std::max(l.max_pages, int32_t(ceil_div(in.shape.len_kv[b], P)));
+      l.num_pages += int32_t(ceil_div(in.shape.len_kv[b], P));
+      l.seqlens_k.push_back(in.shape.len_kv[b]);
+    }
+    l.num_pages += 3;  // pages no request holds
+    std::vector<int32_t> order(size_t(l.num_pages));
+    for (int32_t i = 0; i < l.num_pages; ++i) order[size_t(i)] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    l.page_table.assign(size_t(B) * std::max(l.max_pages, 1), 0);
+    l.k_pool.assign(size_t(l.num_pages) * P * row, 0x7f);  // NaN where no key lies
+    l.v_pool.assign(l.k_pool.size(), 0x7f);
+    size_t next = 0;
+    for (int b = 0; b < B; ++b)
+      for (int j = 0; j < in.shape.len_kv[b]; ++j) {
+        if (j % P == 0) l.page_table[size_t(b) * l.max_pages + j / P] = order[next++];
+        const size_t dst = (size_t(l.page_table[size_t(b) * l.max_pages + j / P]) * P + j % P) * row;
+        const size_t src = size_t(in.cu_k[b] + j) * row;
+        std::copy_n(in.k.bits.begin() + ptrdiff_t(src), row, l.k_pool.begin() + ptrdiff_t(dst));
+        std::copy_n(in.v.bits.begin() + ptrdiff_t(src), row, l.v_pool.begin() + ptrdiff_t(dst));
+      }
+  }
+  return l;
+}
+
+struct Pointers {
+  const void *q, *k, *v;
+  const int32_t *cu_q, *cu_k, *page_table, *seqlens_k;
+  const float* descales;
+};
+
+// The variant's problem on `device` over `ptr` (host or device copies of in and its Layout).
+fp_problem variant_problem(const Inputs& in, const Variant& var, const Layout& l,
+                           fp_device device, const Pointers& ptr) {
+  fp_problem p = fp8_problem(in, device, ptr.q, ptr.k, ptr.v, ptr.cu_q, ptr.cu_k, ptr.descales);
+  p.tuning.num_splits = var.splits;
+  if (var.bf16_q) {
+    p.dtype = FP_BFLOAT16;
+    p.kv_dtype = FP_FLOAT8_E4M3;
+    if (var.dynamic_q) {
+      p.q_descale = nullptr;
+      p.q_descale_stride_batch = p.q_descale_stride_head = 0;
+    }
+  }
+  if (var.page_size > 0) {
+    p.kv_layout = FP_KV_PAGED;
+    p.total_k = 0;
+    p.cu_seqlens_k = nullptr;
+    p.num_pages = l.num_pages;
+    p.page_size = var.page_size;
+    p.page_table = ptr.page_table;
+    p.max_pages_per_seq = l.max_pages;
+    p.seqlens_k = ptr.seqlens_k;
+    p.k_stride_page = p.v_stride_page = int64_t(var.page_size) * p.k_stride_token;
+  }
+  return p;
+}
+
+// The variant on the CPU (the FP8 reference of that very problem): dense, or sparse over csr.
+Result cpu_variant(const Inputs& in, const Variant& var, const Layout& l, const Csr* csr) {
+  const std::vector<float> descales = descale_values(in);
+  const bool paged = var.page_size > 0;
+  const Pointers ptr{var.bf16_q ? static_cast<const void*>(l.q16.data()) : in.q.bits.data(),
+                     paged ? l.k_pool.data() : in.k.bits.data(),
+                     paged ? l.v_pool.data() : in.v.bits.data(),
+                     in.cu_q.data(), in.cu_k.data(), l.page_table.data(), l.seqlens_k.data(),
+                     descales.data()};
+  const fp_problem p = variant_problem(in, var, l, FP_DEVICE_CPU, ptr);
+  std::vector<uint16_t> bits(in.q.bits.size());
+  Result r;
+  r.lse.resize(size_t(in.total_q) * in.shape.heads_q);
+  const fp_output o = output_of(in, bits.data(), r.lse.data());
+  cpu_attend(p, o, csr);
+  r.out = bf16_values(bits);
+  return r;
+}
+
+// An index built on CUDA (fp_build_index), in device buffers, and its host copy.
+struct DeviceIndex {
+  DeviceBuffer<int32_t> cu, idx;
+  DeviceBuffer<float> k_mean, v_mean;
+  fp_index index{};
+  Csr host() const {
+    Csr c;
+    c.cu = cu.download();
+    c.idx = idx.download();
+    c.idx.resize(size_t(c.cu.back()));
+    c.correction = true;
+    c.k_mean = k_mean.download();
+    c.v_mean = v_mean.download();
+    return c;
+  }
+};
+
+// The variant's calls on CUDA, each into the same poisoned output.
+struct VariantCall {
+  DeviceBuffer<uint8_t> q8, k, v;
+  DeviceBuffer<uint16_t> q16;
+  DeviceBuffer<int32_t> cu_q, cu_k, page_table, seqlens_k;
+  DeviceBuffer<float> descales;
+  DeviceBuffer<uint16_t> out;
+  DeviceBuffer<float> lse;
+  DeviceBuffer<char> workspace;
+  fp_problem p{};
+  fp_output o{};
+
+  VariantCall(const Inputs& in, const Variant& var, const Layout& l) {
+    const bool paged = var.page_size > 0;
+    if (var.bf16_q) q16.upload(l.q16);
+    else q8.upload(in.q.bits);
+    k.upload(paged ? l.k_pool : in.k.bits);
+    v.upload(paged ? l.v_pool : in.v.bits);
+    cu_q.upload(in.cu_q);
+    cu_k.upload(in.cu_k);
+    if (paged) {
+      page_table.upload(l.page_table);
+      seqlens_k.upload(l.seqlens_k);
+    }
+    descales.upload(descale_values(in));
+    out.resize(in.q.bits.size());
+    lse.resize(size_t(in.total_q) * in.shape.heads_q);
+    const Pointers ptr{var.bf16_q ? static_cast<const void*>(q16.ptr) : q8.ptr, k.ptr, v.ptr,
+                       cu_q.ptr, cu_k.ptr, page_table.ptr, seqlens_k.ptr, descales.ptr};
+    p = variant_problem(in, var, l, FP_DEVICE_CUDA, ptr);
+    o = output_of(in, out.ptr, lse.ptr);
+  }
+  void room(size_t bytes) {
+    if (workspace.count < bytes) workspace.resize(bytes);
+  }
+  Result result(const char* what) {
+    finish(what);
+    return {bf16_values(out.download()), lse.download()};
+  }
+  void poison() {
+    CUDA_OK(cudaMemset(out.ptr, 0xFF, out.count * 2));
+    CUDA_OK(cudaMemset(lse.ptr, 0xFF, lse.count * 4));
+  }
+  Result dense() {
+    size_t ws = 0;
+    FP_OK_OR_DIE(fp_dense_attention_workspace_size(&p, &ws));
+    room(std::max<size_t>(ws, 1));
+    poison();
+    FP_OK_OR_DIE(fp_dense_attention(&p, &o, workspace.ptr, workspace.count));
+    return result("the dense call");
+  }
+  Result sparse(const fp_select_config& config, const fp_index& index) {
+    size_t ws = 0;
+    FP_OK_OR_DIE(fp_sparse_attention_workspace_size(&p, &config, &ws));
+    room(std::max<size_t>(ws, 1));
+    poison();
+    FP_OK_OR_DIE(fp_sparse_attention(&p, &config, &index, &o, workspace.ptr, workspace.count));
+    return result("the sparse call");
+  }
+  Result prefill(const fp_select_config& config) {
+    size_t ws = 0;
+    FP_OK_OR_DIE(fp_prefill_workspace_size(&p, &config, &ws));
+    room(std::max<size_t>(ws, 1));
+    poison();
+    FP_OK_OR_DIE(fp_prefill(&p, &config, &o, workspace.ptr, workspace.count));
+    return result("the prefill call");
+  }
+  void build_index(const fp_select_config& config, DeviceIndex* d) {
+    fp_index_sizes sizes;
+    FP_OK_OR_DIE(fp_index_sizes_query(&p, &config, &sizes));
+    d->cu.resize(size_t(sizes.num_segments) + 1);
+    d->idx.resize(size_t(std::max<int64_t>(sizes.idx_capacity, 1)));
+    d->k_mean.resize(size_t(std::max<int64_t>(sizes.mean_elements, 1)));
+    d->v_mean.resize(d->k_mean.count);
+    d->index = fp_index{d->cu.ptr, d->idx.ptr, d->k_mean.ptr, d->v_mean.ptr,
+                        int64_t(d->idx.count)};
+    size_t ws = 0;
+    FP_OK_OR_DIE(fp_build_index_workspace_size(&p, &config, &ws));
+    room(std::max<size_t>(ws, 1));
+    FP_OK_OR_DIE(fp_build_index(&p, &config, &d->index, workspace.ptr, workspace.count));
+    finish("fp_build_index");
+  }
+};
+
+bool same(const Result& a, const Result& b) {
+  return std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)) == 0 &&
+         std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * sizeof(float)) == 0;
+}
+
+// Each variant of one shape against the CPU FP8 reference of the same problem: dense, sparse
+// over a random index with mean correction, and fp_prefill (the default selection; alpha 0,
+// every block, against dense), its output equal bit for bit to fp_build_index then
+// fp_sparse_attention on CUDA, and that index attended on the CPU.
+void check_variant(const Shape& s, const Variant& var) {
+  const Inputs in = make_inputs(s, false);
+  const Layout l = make_layout(in, var);
+  std::printf("-- %s: %s\n", s.name.c_str(), var.name.c_str());
+  VariantCall gpu(in, var, l);
+  report("  dense: fp8 library vs CPU FP8 reference", errors(gpu.dense(), cpu_variant(in, var, l, nullptr), in),
+         kFp8Tolerance);
+  const Csr csr = with_correction(in, random_csr(s, 0.3));
+  {
+    DeviceBuffer<int32_t> cu, idx;
+    DeviceBuffer<float> k_mean, v_mean;
+    cu.upload(csr.cu);
+    idx.upload(csr.idx);
+    if (idx.count == 0) idx.resize(1);
+    k_mean.upload(csr.k_mean);
+    v_mean.upload(csr.v_mean);
+    fp_select_config config;
+    fp_select_config_default(&config);
+    const fp_index index{cu.ptr, idx.ptr, k_mean.ptr, v_mean.ptr, int64_t(csr.idx.size())};
+    report("  sparse 30 %, mean correction: vs CPU FP8 reference",
+           errors(gpu.sparse(config, index), cpu_variant(in, var, l, &csr), in), kFp8Tolerance);
+  }
+  fp_select_config config;
+  fp_select_config_default(&config);
+  DeviceIndex built;
+  gpu.build_index(config, &built);
+  const Result two_calls = gpu.sparse(config, built.index);
+  const Result prefill = gpu.prefill(config);
+  verdict(same(prefill, two_calls),
+          "  fp_prefill equals fp_build_index + fp_sparse_attention, bit for bit");
+  const Csr host_index = built.host();
+  report("  the CUDA index (mean correction): vs CPU FP8 reference, same index",
+         errors(two_calls, cpu_variant(in, var, l, &host_index), in), kFp8Tolerance);
+  fp_select_config every = config;
+  every.alpha = 0.f;
+  report("  fp_prefill, alpha 0 (every block): vs CPU FP8 dense",
+         errors(gpu.prefill(every), cpu_variant(in, var, l, nullptr), in), kFp8Tolerance);
+}
+
 // ---- Timing -----------------------------------------------------------------------------------
 
 template <class Launch>
@@ -822,6 +1076,19 @@ int main(int argc, char** argv) {
   // "small" (argv[2], for compute-sanitizer): the first three shapes, no graph and no timing.
   const bool small_only = argc > 2 && std::strcmp(argv[2], "small") == 0;
   for (size_t i = 0; i < (small_only ? 3 : shapes.size()); ++i) check_shape(shapes[i]);
+  const std::vector<Variant> variants = {
+      {"paged KV, pages of 16", 16},
+      {"paged KV, pages of 64", 64},
+      {"paged KV, pages of 1000", 1000},
+      {"bf16 q over the e4m3 cache, dynamic c_q", 0, true, true},
+      {"bf16 q over the e4m3 cache, given c_q", 0, true, false},
+      {"3 KV splits", 0, false, false, 3},
+      {"paged 48, bf16 q (dynamic c_q), 2 KV splits", 48, true, true, 2},
+  };
+  if (small_only) check_variant(shapes[2], variants.back());
+  else
+    for (const size_t i : {size_t(2), size_t(6)})
+      for (const Variant& var : variants) check_variant(shapes[i], var);
   if (!small_only) {
     check_graph(shapes[2]);
     check_bad_descale(shapes[1]);

@@ -251,21 +251,22 @@ fp_status encode_kv_maps(const fp_problem& p, AttentionParams& a) {
   return FP_OK;
 }
 
-// e4m3 operands (contiguous KV; every tile comes by TMA, KvLoader::tma_tile): K as (D, Hkv,
-// total_k) in whole-row boxes of 64 keys (row_format), and the transposed V that the transpose
-// step writes into the workspace (transpose_v.cuh) as (vt_rows, D, Hkv) in 64 x D x 1 boxes with
-// the 64-byte swizzle of KernelTraits::SmemLayoutVt. No pair maps. Without keys (total_k = 0)
-// nothing is encoded and run() launches nothing: no query can be attended then.
-fp_status encode_e4m3_kv_maps(const ProblemInfo& info, const void* vt, int64_t vt_rows,
-                              AttentionParams& a) {
+// e4m3 operands (contiguous KV, or the copy gathered from a paged cache; every tile comes by
+// TMA, KvLoader::tma_tile): K (a.k, its rows at a.k_stride_token) as (D, Hkv, key_rows) in
+// whole-row boxes of 64 keys (row_format), and the transposed V that the transpose step writes
+// into the workspace (transpose_v.cuh) as (vt_rows, D, Hkv) in 64 x D x 1 boxes with the 64-byte
+// swizzle of KernelTraits::SmemLayoutVt. No pair maps. Without keys (key_rows = 0) nothing is
+// encoded and run() launches nothing: no query can be attended then.
+fp_status encode_e4m3_kv_maps(const ProblemInfo& info, int64_t key_rows, const void* vt,
+                              int64_t vt_rows, AttentionParams& a) {
   const fp_problem& p = *info.p;
   a.tma = false;
   a.tma_pair = false;
   a.tma_runs = false;
   a.tma_box_rows = kKvTile;
-  if (p.total_k <= 0) return FP_OK;
-  if (fp_status s = encode_kv_map(&a.tma_k, p.k, p, p.total_k, kKvTile, p.k_stride_token,
-                                  p.k_stride_head, "K", row_format(info));
+  if (key_rows <= 0) return FP_OK;
+  if (fp_status s = encode_kv_map(&a.tma_k, a.k, p, key_rows, kKvTile, a.k_stride_token,
+                                  a.k_stride_head, "K", row_format(info));
       s != FP_OK)
     return s;
   const cuuint64_t dims[3] = {cuuint64_t(vt_rows), cuuint64_t(p.head_dim),
@@ -343,25 +344,43 @@ size_t pair_rows_bytes(const fp_problem& p) {
   return pairs > 0 ? align_up(sizeof(int32_t) * size_t(p.batch_size) * size_t(1 + pairs)) : 0;
 }
 
+// e4m3 attention over a paged cache reads a contiguous copy of it, gathered into the workspace
+// by the transpose step (transpose_v.cuh).
+bool e4m3_gathered(const ProblemInfo& info) {
+  return info.fp8.on && info.p->kv_layout == FP_KV_PAGED;
+}
+
+// Rows of the keys the e4m3 kernel reads: total_k of contiguous KV; of a paged cache, the
+// gathered rows: total_k when given (a bound on the sum of seqlens_k), else batch_size times
+// the most keys a request can hold.
+int64_t e4m3_key_rows(const fp_problem& p) {
+  if (p.kv_layout != FP_KV_PAGED) return p.total_k;
+  if (p.total_k > 0) return p.total_k;
+  const int64_t held = int64_t(std::max(p.max_pages_per_seq, 0)) * std::max(p.page_size, 0);
+  return int64_t(p.batch_size) * std::max<int64_t>(0, std::min<int64_t>(p.max_seqlen_k, held));
+}
+
 // Rows of the transposed V of e4m3 operands (transpose_v.cuh).
 int64_t transposed_v_rows(const fp_problem& p) {
-  return attention::transposed_v_rows(p.total_k, p.batch_size);
+  return attention::transposed_v_rows(e4m3_key_rows(p), p.batch_size);
 }
 
 // Workspace: [scheduler] [run table] [split partials: O, LSE] [converted k means] [converted v
-// means] [transposed V (e4m3)], each part aligned. The size query and the call both lay it out
+// means] [e4m3 paged: first rows, gathered K] [transposed V (e4m3)], each part aligned. The size query and the call both lay it out
 // here, from the same split count.
 struct WorkspaceLayout {
   size_t schedule = 0, run_table = 0;
   PartialBytes partials;
   size_t mean = 0;  // per converted mean tensor
+  size_t cu_k = 0;        // e4m3 paged: [B + 1] first rows of the gathered requests
+  Size gathered_k = 0;    // e4m3 paged: key_rows * Hkv * D bytes
   Size transposed_v = 0;  // vt_rows * Hkv * D bytes: the 128 B rows it adds are not bounded
 
   // The other terms are bounded by the validated sizes (kMaxElements): only the sum can overflow.
   Size total() const {
     return Size(int64_t(schedule)) + Size(int64_t(run_table)) + Size(int64_t(partials.o)) +
            Size(int64_t(partials.lse)) + Size(int64_t(mean)) + Size(int64_t(mean)) +
-           transposed_v;
+           Size(int64_t(cu_k)) + gathered_k + transposed_v;
   }
 };
 
@@ -372,10 +391,15 @@ WorkspaceLayout workspace_layout(const ProblemInfo& info, const fp_select_config
   w.run_table = pair_rows_bytes(*info.p);
   w.partials = partial_bytes(info, splits);
   w.mean = lowp_mean_bytes(info, config, sparse);
+  const fp_problem& p = *info.p;
+  if (e4m3_gathered(info)) {
+    w.cu_k = align_up(sizeof(int32_t) * (size_t(p.batch_size) + 1));
+    w.gathered_k =
+        (Size(e4m3_key_rows(p)) * Size(p.num_heads_kv) * Size(p.head_dim)).align_up(kAlign);
+  }
   if (info.fp8.on)
-    w.transposed_v = (Size(transposed_v_rows(*info.p)) * Size(info.p->num_heads_kv) *
-                      Size(info.p->head_dim))
-                         .align_up(kAlign);
+    w.transposed_v =
+        (Size(transposed_v_rows(p)) * Size(p.num_heads_kv) * Size(p.head_dim)).align_up(kAlign);
   return w;
 }
 
@@ -387,6 +411,8 @@ struct AttentionLaunch {
   void* k_lowp = nullptr;
   void* v_lowp = nullptr;
   void* transposed_v = nullptr;  // e4m3
+  int32_t* cu_k = nullptr;       // e4m3 paged: the gathered requests' first rows
+  void* gathered_k = nullptr;    // e4m3 paged
 };
 
 // Everything the launch reads, in one place: the problem's tensors and lengths, the index (sparse
@@ -495,28 +521,56 @@ fp_status make_launch(const ProblemInfo& info, const fp_select_config& config,
     }
   }
   part += 2 * w.mean;
+  if (e4m3_gathered(info)) {  // the kernel reads the gathered copy as contiguous KV
+    launch->cu_k = reinterpret_cast<int32_t*>(part);
+    part += w.cu_k;
+    launch->gathered_k = part;
+    part += size_t(w.gathered_k.value());
+    a.paged = false;
+    a.cu_seqlens_k = launch->cu_k;
+    a.seqlens_k = nullptr;
+    a.page_table = nullptr;
+    a.k = launch->gathered_k;
+    a.k_stride_token = int64_t(p.num_heads_kv) * p.head_dim;
+    a.k_stride_head = p.head_dim;
+  }
   if (info.fp8.on) {
     launch->transposed_v = part;
     a.v = part;  // the kernel reads V^T (kernel_traits.hpp); the transpose reads p.v
-    if (fp_status s = encode_e4m3_kv_maps(info, part, transposed_v_rows(p), a); s != FP_OK)
+    if (fp_status s = encode_e4m3_kv_maps(info, e4m3_key_rows(p), part, transposed_v_rows(p), a);
+        s != FP_OK)
       return s;
   }
   return FP_OK;
 }
 
-// e4m3: V -> the transposed V in the workspace (transpose_v.cuh), on the call's stream before
-// the kernel. A CTA per KV tile of the longest request (at most total_k keys), request and KV
-// head; none when no request has a key.
+// e4m3: V -> the transposed V in the workspace (transpose_v.cuh), and a paged cache's K -> the
+// gathered K, on the call's stream before the kernel. A CTA per KV tile of the longest request
+// (at most key_rows keys), request and KV head; none when no request has a key.
 cudaError_t launch_transpose(const ProblemInfo& info, const AttentionLaunch& launch,
                              cudaStream_t stream) {
   const fp_problem& p = *info.p;
-  const int64_t tiles = ceil_div(std::min<int64_t>(p.max_seqlen_k, p.total_k), kKvTile);
+  const int64_t tiles = ceil_div(std::min<int64_t>(p.max_seqlen_k, e4m3_key_rows(p)), kKvTile);
   if (tiles <= 0) return cudaSuccess;
+  attention::KvSource src;
+  src.k = static_cast<const uint8_t*>(p.k);
+  src.v = static_cast<const uint8_t*>(p.v);
+  src.k_stride_token = p.k_stride_token;
+  src.k_stride_head = p.k_stride_head;
+  src.v_stride_token = p.v_stride_token;
+  src.v_stride_head = p.v_stride_head;
+  if (e4m3_gathered(info)) {
+    src.k_stride_page = p.k_stride_page;
+    src.v_stride_page = p.v_stride_page;
+    src.page_table = p.page_table;
+    src.max_pages_per_seq = p.max_pages_per_seq;
+    src.page_size = p.page_size;
+    src.k_out = static_cast<uint8_t*>(launch.gathered_k);
+  }
   auto* transpose = p.head_dim == 128 ? &attention::launch_transpose_v<128>
                                       : &attention::launch_transpose_v<64>;
-  return transpose(p.v, p.v_stride_token, p.v_stride_head, p.cu_seqlens_k, p.batch_size,
-                   p.num_heads_kv, int32_t(tiles), launch.transposed_v, transposed_v_rows(p),
-                   stream);
+  return transpose(src, launch.params.cu_seqlens_k, p.batch_size, p.num_heads_kv, int32_t(tiles),
+                   launch.transposed_v, transposed_v_rows(p), stream);
 }
 
 // The launches of one call, on its parameters: the converted means, the run table, the
@@ -529,6 +583,12 @@ fp_status run(const ProblemInfo& info, const AttentionLaunch& launch, int32_t ra
   AttentionParams a = launch.params;
   if (a.max_q_tiles == 0 || p.total_q == 0) return FP_OK;
   const cudaStream_t stream = static_cast<cudaStream_t>(p.stream);
+  if (e4m3_gathered(info) && a.tma) {  // the gathered rows, which the means and kernel read
+    if (const cudaError_t e = attention::launch_paged_cu_k(
+            p.seqlens_k, p.batch_size, p.max_seqlen_k, e4m3_key_rows(p), launch.cu_k, stream);
+        e != cudaSuccess)
+      return fail(FP_ERROR_CUDA, std::string("paged KV gather failed: ") + cudaGetErrorString(e));
+  }
   if (a.correction) {
     const cudaError_t e =
         info.fp8.on
@@ -568,7 +628,7 @@ fp_status run(const ProblemInfo& info, const AttentionLaunch& launch, int32_t ra
                        : launch_kernel<KvLayout::kPaged>(a, bf16, p.head_dim, stream);
   }
   if (err == cudaSuccess && a.num_splits > 1) {
-    attention::launch_combine(a, p.dtype, p.head_dim, stream);
+    attention::launch_combine(a, e4m3 ? info.fp8.out_dtype : p.dtype, p.head_dim, stream);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess)
@@ -601,7 +661,7 @@ fp_status check_attention_support(const ProblemInfo& info, const fp_output& out,
   for (const int64_t s : strides)
     if (s % 8 != 0)
       return fail(FP_ERROR_UNSUPPORTED, "CUDA attention needs q/k/v strides that are multiples of 8");
-  if (paged && !attention::paged_rows_fit_32_bits(p))
+  if (paged && !info.fp8.on && !attention::paged_rows_fit_32_bits(p))  // e4m3: 64-bit gather
     return fail(FP_ERROR_UNSUPPORTED,
                 "CUDA attention: a paged K/V pool spans more than 2^32 rows of gcd(page stride, "
                 "token stride)");
@@ -620,8 +680,12 @@ fp_status check_attention_support(const ProblemInfo& info, const fp_output& out,
   if (info.fp8.on) {
     if (const int64_t rows = transposed_v_rows(p); rows > INT32_MAX - kKvTile)
       return fail(FP_ERROR_UNSUPPORTED,
-                  "CUDA FP8 attention: the transposed V has total_k + 128 * batch_size rows "
-                  "(rounded up to 16), " + std::to_string(rows) + ", more than 2^31 - 65");
+                  std::string("CUDA FP8 attention: the transposed V has ") +
+                      (paged ? "the gathered keys (total_k when given, else batch_size * "
+                               "max_seqlen_k)"
+                             : "total_k") +
+                      " + 128 * batch_size rows (rounded up to 16), " + std::to_string(rows) +
+                      ", more than 2^31 - 65");
     if (p.batch_size > kMaxGridRows || p.num_heads_kv > kMaxGridRows)
       return fail(FP_ERROR_UNSUPPORTED,
                   "CUDA FP8 attention takes at most 65535 requests and 65535 KV heads (the V "

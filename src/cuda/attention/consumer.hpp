@@ -93,13 +93,15 @@ struct Consumer {
       pos[m] = w.seq.position(w.seq.tile_row_begin(w.tile) + get<0>(s_coord(m, 0)));
     const int32_t pmin = w.seq.pmin(w.tile);
 
-    // S for the stage's kind: mask exact tiles that reach past pmin, shift mean windows.
+    // S for the stage's kind: mask exact tiles that reach past pmin, shift mean windows (e4m3:
+    // in units of the item's c_q c_k, set below).
+    float mean_unit = 1.f;
     auto to_logits = [&](int buffer, const StageInfo& info) {
       if (info.kind == StageKind::kExactTiles) {
         const int32_t tiles[2] = {info.tile0, info.tile1};
         if (stage_needs_mask(tiles, pmin)) mask_exact(s, s_coord, tiles, pos);
       } else {
-        shift_means(s, s_coord, ss.column_bias[buffer]);
+        shift_means<Traits::kFp8>(s, s_coord, ss.column_bias[buffer], mean_unit);
       }
     };
     // The stage's data and StageInfo have landed before its wgmma reads them; data written by
@@ -170,7 +172,9 @@ struct Consumer {
     // head); 16-bit operands keep the softmax scale and finalize reads no factor.
     float scale_log2 = p.scale_log2, out_scale = 1.f;
     if constexpr (kE4m3) {
-      scale_log2 *= descale_at(p.q_descale, w.b, w.h) * descale_at(p.k_descale, w.b, w.h);
+      const float qk = descale_at(p.q_descale, w.b, w.h) * descale_at(p.k_descale, w.b, w.h);
+      scale_log2 *= qk;
+      mean_unit = 1.f / qk;
       out_scale = descale_at(p.v_descale, w.b, w.h);
     }
     OnlineSoftmax softmax(scale_log2);

@@ -149,7 +149,6 @@ inline int32_t choose_lead_tiles(int32_t ctas, int32_t heads_kv, int32_t splits)
 // core/problem.cpp: within its range), else the heuristic. The workspace query and the launch
 // both call these, so they see the same split count.
 inline int32_t tuned_splits(const ProblemInfo& info, int num_sms) {
-  if (info.fp8.on) return 1;  // the e4m3 kernel writes no split partials (validated: <= 1 asked)
   const int32_t forced = info.p->tuning.num_splits;
   return forced > 0 ? forced : choose_splits(info, num_sms);
 }

@@ -124,15 +124,21 @@ __device__ inline void window_bias(const AttentionParams& p, const Traversal& tr
 // --- Consumer: the log |B_J| shift ---
 
 // Mean window: column c is a surrogate key with logit q . k_mean * scale + ln |B_J| (Eq. 6);
-// shift[c] = log2 |B_J| / scale_log2 (raw-score units), or -inf for blocks without a surrogate.
-// s and coord are (row, col) views of one thread's S fragment.
-template <class Scores, class Coords>
-__device__ __forceinline__ void shift_means(Scores& s, const Coords& coord, const float* shift) {
+// shift[c] = log2 |B_J| / scale_log2 (raw-score units of 16-bit operands), or -inf for blocks
+// without a surrogate. s and coord are (row, col) views of one thread's S fragment. e4m3
+// (kE4m3): the raw scores are q~ . k~, whose logits carry c_q c_k as well (Eq. 15), so the
+// shift takes `unit` = 1 / (c_q c_k) of the item.
+template <bool kE4m3 = false, class Scores, class Coords>
+__device__ __forceinline__ void shift_means(Scores& s, const Coords& coord, const float* shift,
+                                            float unit = 1.f) {
   using cute::size;
   CUTE_UNROLL
   for (int m = 0; m < size<0>(s); ++m) {
     CUTE_UNROLL
-    for (int n = 0; n < size<1>(s); ++n) s(m, n) += shift[cute::get<1>(coord(m, n))];
+    for (int n = 0; n < size<1>(s); ++n) {
+      if constexpr (kE4m3) s(m, n) += shift[cute::get<1>(coord(m, n))] * unit;
+      else s(m, n) += shift[cute::get<1>(coord(m, n))];
+    }
   }
 }
 
