@@ -341,9 +341,8 @@ TEST(Fp8, Errors) {
 }
 
 // FP8 on CUDA, checked before the device is: every build reports the same, and no pointer is
-// read (host arrays stand in for device ones; nothing here launches). The attention calls run
-// the e4m3 kernel; what it does not compute is refused, and so are the index stage and
-// fp_prefill, which have no FP8 kernel yet.
+// read (host arrays stand in for device ones; nothing here launches). The attention calls and
+// fp_prefill run the e4m3 kernels; what they do not compute is refused.
 class Fp8Cuda : public ::testing::Test {
  protected:
   Fp8Cuda() : src_({{70, 90}, {16, 40}}, 4, 2, 64, FP_BFLOAT16, 40), qz_(src_, true) {
@@ -389,56 +388,51 @@ class Fp8Cuda : public ::testing::Test {
   Quantized qz_;
 };
 
-// A problem the e4m3 kernel computes gets past the FP8 checks to the device's: without a GPU the
+// A problem the e4m3 kernels compute gets past the FP8 checks to the device's: without a GPU the
 // call says so; with one it would launch on these host arrays, so only the refusals run there.
+// fp_prefill, a bf16 q over the e4m3 cache, a paged cache, KV splits and host-validated metadata
+// all reach it.
 TEST_F(Fp8Cuda, SupportedProblemsReachTheDeviceCheck) {
   if (fp_cuda_available()) GTEST_SKIP() << "a CUDA device is present";
-  fp_problem p = supported();
-  expect_attention(p, FP_ERROR_UNSUPPORTED, "no CUDA backend");
-  p.tuning.num_splits = 1;  // one split, as the kernel runs anyway
-  expect_attention(p, FP_ERROR_UNSUPPORTED, "no CUDA backend");
-  p = supported();
-  p.flags |= FP_FLAG_VALIDATE_DEVICE_METADATA;
-  expect_attention(p, FP_ERROR_UNSUPPORTED, "no CUDA backend");
-  // The calls that launch nothing take any FP8 problem, a bf16 q over an e4m3 cache too.
+  fp_problem kv = qz_.kv_cache();
+  kv.device = FP_DEVICE_CUDA;
+  fp_problem paged = src_.paged();
+  paged.device = FP_DEVICE_CUDA;
+  paged.dtype = FP_FLOAT8_E4M3;
+  fp_problem paged_kv = src_.paged();
+  paged_kv.device = FP_DEVICE_CUDA;
+  paged_kv.kv_dtype = FP_FLOAT8_E4M3;
+  std::vector<fp_problem> problems = {supported(), kv, paged, paged_kv};
+  for (int32_t splits : {1, 2, FP_MAX_SPLITS}) {
+    fp_problem p = supported();
+    p.tuning.num_splits = splits;
+    problems.push_back(p);
+  }
+  fp_problem validated = supported();
+  validated.flags |= FP_FLAG_VALIDATE_DEVICE_METADATA;
+  problems.push_back(validated);
   const fp_select_config c = default_config();
-  for (const fp_problem& fp8 : {supported(), qz_.kv_cache()}) {
-    fp_problem q = fp8;
-    q.device = FP_DEVICE_CUDA;
-    fp_index_sizes sizes;
-    EXPECT_EQ(fp_index_sizes_query(&q, &c, &sizes), FP_ERROR_UNSUPPORTED);
+  for (const fp_problem& p : problems) {
+    expect_attention(p, FP_ERROR_UNSUPPORTED, "no CUDA backend");
+    size_t bytes = 0;
+    EXPECT_EQ(fp_prefill_workspace_size(&p, &c, &bytes), FP_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(fp_last_error_message()).find("no CUDA backend"), std::string::npos)
+        << fp_last_error_message();
+    fp_index_sizes sizes;  // the calls that launch nothing take any FP8 problem
+    EXPECT_EQ(fp_index_sizes_query(&p, &c, &sizes), FP_ERROR_UNSUPPORTED);
     EXPECT_NE(std::string(fp_last_error_message()).find("no CUDA backend"), std::string::npos)
         << fp_last_error_message();
   }
-}
-
-TEST_F(Fp8Cuda, Bf16QOverAnE4m3CacheIsCpuOnly) {
-  fp_problem p = qz_.kv_cache();
-  p.device = FP_DEVICE_CUDA;
-  expect_attention(p, FP_ERROR_UNSUPPORTED,
-                   "a bfloat16 q over an e4m3 KV cache (kv_dtype) is computed on the CPU only");
-}
-
-TEST_F(Fp8Cuda, PagedKvIsCpuOnly) {
-  fp_problem p = src_.paged();
-  p.device = FP_DEVICE_CUDA;
-  p.dtype = FP_FLOAT8_E4M3;
-  expect_attention(p, FP_ERROR_UNSUPPORTED, "the attention kernel reads contiguous K/V only");
 }
 
 TEST_F(Fp8Cuda, OutputIsBfloat16) {
   fp_problem p = supported();
   p.out_dtype = FP_FLOAT16;
   expect_attention(p, FP_ERROR_UNSUPPORTED, "the attention kernel writes bfloat16, not float16");
-}
-
-TEST_F(Fp8Cuda, NoKvSplits) {
-  fp_problem p = supported();
-  for (int32_t splits : {2, FP_MAX_SPLITS}) {
-    p.tuning.num_splits = splits;
-    expect_attention(p, FP_ERROR_UNSUPPORTED,
-                     "tuning.num_splits must be 0 or 1, got " + std::to_string(splits));
-  }
+  p = qz_.kv_cache();  // a float16 q writes float16 unless told otherwise
+  p.device = FP_DEVICE_CUDA;
+  p.out_dtype = FP_FLOAT16;
+  expect_attention(p, FP_ERROR_UNSUPPORTED, "the attention kernel writes bfloat16, not float16");
 }
 
 // Mean correction runs on e4m3 too: a sparse call with it gets past the FP8 checks.
@@ -449,7 +443,9 @@ TEST_F(Fp8Cuda, MeanCorrectionReachesTheDeviceCheck) {
   expect_attention(supported(), FP_ERROR_UNSUPPORTED, "no CUDA backend", &c);
 }
 
-// Rows are read in 16-byte chunks: strides of 8 elements, enough for 16-bit operands, are not.
+// e4m3 rows are read in 16-byte chunks: strides of 8 elements, enough for 16-bit operands, are
+// not; a bf16 q (quantized in 16-byte chunks of 8 elements) needs multiples of 8; a paged
+// cache's page strides count too.
 TEST_F(Fp8Cuda, StridesOfWhole16ByteChunks) {
   fp_problem p = supported();
   p.q_stride_head = 72;
@@ -465,24 +461,19 @@ TEST_F(Fp8Cuda, StridesOfWhole16ByteChunks) {
   p.v_stride_token = 2 * 72 + 8;
   expect_attention(p, FP_ERROR_UNSUPPORTED,
                    "v strides must be multiples of 16 elements, got (token 152, head 72)");
-}
-
-TEST_F(Fp8Cuda, PrefillDoesNotRunTheE4m3KernelYet) {
-  const fp_select_config c = default_config();
-  for (const fp_problem& fp8 : {supported(), qz_.kv_cache()}) {
-    fp_problem p = fp8;
-    p.device = FP_DEVICE_CUDA;
-    size_t bytes = 0;
-    std::vector<uint16_t> out(size_t(p.total_q) * p.num_heads_q * p.head_dim);
-    const fp_output o{out.data(), int64_t(p.num_heads_q) * p.head_dim, p.head_dim, nullptr};
-    const std::string prefill = "fp_prefill does not run the e4m3 kernel yet";
-    EXPECT_EQ(fp_prefill_workspace_size(&p, &c, &bytes), FP_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(fp_last_error_message()).find(prefill), std::string::npos)
-        << fp_last_error_message();
-    EXPECT_EQ(fp_prefill(&p, &c, &o, nullptr, 0), FP_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(fp_last_error_message()).find(prefill), std::string::npos)
-        << fp_last_error_message();
-  }
+  p = src_.paged();
+  p.device = FP_DEVICE_CUDA;
+  p.dtype = FP_FLOAT8_E4M3;
+  p.v_stride_page += 8;
+  expect_attention(p, FP_ERROR_UNSUPPORTED,
+                   "v strides must be multiples of 16 elements, got (token 128, head 64, page " +
+                       std::to_string(p.v_stride_page) + ")");
+  p = qz_.kv_cache();
+  p.device = FP_DEVICE_CUDA;
+  p.q_stride_head = 68;
+  p.q_stride_token = 4 * 68;
+  expect_attention(p, FP_ERROR_UNSUPPORTED,
+                   "q strides must be multiples of 8 elements, got (token 272, head 68)");
 }
 
 // The CUDA index stage takes e4m3 q, k and v: its entry points pass them on to the device (here
@@ -507,15 +498,35 @@ TEST(Fp8, CudaIndexStage) {
     EXPECT_EQ(sizes_status, FP_ERROR_UNSUPPORTED);
   }
 
+  // A bf16 q over the e4m3 cache: the index stage quantizes it first, reading it in 16-byte
+  // chunks; fp_pool_kv reads no q.
   p = qz.kv_cache();
   p.device = FP_DEVICE_CUDA;
   std::vector<float> means(1);
-  const std::string want = "a bfloat16 q over e4m3 K/V on CUDA: the CUDA index stage takes e4m3 q";
+  const fp_status kv_ws = fp_build_index_workspace_size(&p, &c, &bytes);
+  const std::string kv_message = fp_last_error_message();
+  if (fp_cuda_available()) {
+    EXPECT_EQ(kv_ws, FP_OK) << kv_message;
+  } else {
+    EXPECT_EQ(kv_ws, FP_ERROR_UNSUPPORTED);
+    EXPECT_NE(kv_message.find("no CUDA backend or no sm_90 GPU"), std::string::npos) << kv_message;
+    EXPECT_EQ(fp_pool_kv(&p, &c, means.data(), means.data(), nullptr), FP_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(fp_last_error_message()).find("no CUDA backend"), std::string::npos)
+        << fp_last_error_message();
+  }
+  p.q_stride_head = 68;
+  p.q_stride_token = 4 * 68;
   EXPECT_EQ(fp_build_index_workspace_size(&p, &c, &bytes), FP_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(fp_last_error_message()).find(want), std::string::npos)
+  EXPECT_NE(std::string(fp_last_error_message())
+                .find("q strides must be multiples of 8 elements, got (token 272, head 68)"),
+            std::string::npos)
       << fp_last_error_message();
-  EXPECT_EQ(fp_pool_kv(&p, &c, means.data(), means.data(), nullptr), FP_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(fp_last_error_message()).find(want), std::string::npos)
+  p = qz.kv_cache();
+  p.device = FP_DEVICE_CUDA;
+  p.q = static_cast<const char*>(p.q) + 2;  // one bf16 element in: not 16-byte aligned
+  EXPECT_EQ(fp_build_index_workspace_size(&p, &c, &bytes), FP_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(fp_last_error_message()).find("must be 16-byte aligned"),
+            std::string::npos)
       << fp_last_error_message();
 }
 

@@ -221,18 +221,21 @@ TEST(Tuning, SetFieldsOverrideTheHeuristicsAndZeroKeepsThem) {
   EXPECT_EQ(tuned_splits(info, kSms), splits);
 }
 
-// e4m3 operands run unsplit: the kernel writes no split partials (the validation refuses
-// tuning.num_splits > 1 for them), whatever the heuristic would choose.
-TEST(Tuning, E4m3RunsUnsplit) {
+// e4m3 operands split as 16-bit ones do: the split count depends on the work, not the dtype,
+// and a forced count is taken as it is.
+TEST(Tuning, E4m3SplitsAsSixteenBitOperandsDo) {
   fp_problem p = chunk_problem();
   ProblemInfo info;
   info.p = &p;
   info.group = 4;
-  ASSERT_GT(tuned_splits(info, kSms), 1);
+  const int32_t bf16 = tuned_splits(info, kSms);
+  ASSERT_GT(bf16, 1);
   info.fp8.on = true;
-  EXPECT_EQ(tuned_splits(info, kSms), 1);
+  EXPECT_EQ(tuned_splits(info, kSms), bf16);
   p.tuning.num_splits = 1;
   EXPECT_EQ(tuned_splits(info, kSms), 1);
+  p.tuning.num_splits = 3;
+  EXPECT_EQ(tuned_splits(info, kSms), 3);
 }
 
 // A paged pool [num_pages, page_size, Hkv, D] (NHD); gap_tokens poisoned tokens after each page.

@@ -352,3 +352,24 @@ TEST(ReferenceAccuracy, AlphaZeroPrefillEqualsDenseBehindASink) {
 }
 
 }  // namespace
+
+// A paged problem's total_k, when given, bounds the keys of all its requests (CUDA FP8 attention
+// gathers that many rows into its workspace): the bound is taken as exact, one key less is
+// refused by name with nothing written, and 0 leaves the keys unbounded.
+TEST(SizeArithmetic, PagedTotalKBoundsTheKeys) {
+  TestProblem t({{40, 70}, {20, 50}}, 4, 2, 16, FP_FLOAT32, 64);
+  t.make_paged(16, 65);
+  fp_problem p = t.paged();
+  const fp_select_config c = default_config();
+  p.total_k = 120;
+  EXPECT_EQ(run_prefill(p, c), run_prefill(t.paged(), c));
+  p.total_k = 119;
+  Output out(p);
+  const std::vector<unsigned char> before = out.data;
+  size_t bytes = 0;
+  ASSERT_EQ(fp_prefill_workspace_size(&p, &c, &bytes), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(message_has("hold 120 keys up to request 1, more than total_k = 119"))
+      << fp_last_error_message();
+  EXPECT_EQ(fp_dense_attention(&p, &out.view, nullptr, 0), FP_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out.data, before);
+}

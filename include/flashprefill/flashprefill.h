@@ -24,13 +24,14 @@
  * aligned with even strides; with mean correction, the index's k_mean and v_mean are 16-byte
  * aligned; and, paged, (num_pages - 1) * page_stride + (page_size - 1) * token_stride of K and of
  * V is below 2^32 times gcd(page_stride, token_stride) (for [num_pages, page_size, Hkv, D]
- * pools: at most 2^32 rows in all). FP8 on CUDA: fp_dense_attention and fp_sparse_attention
- * (and their size queries) take dtype = FP_FLOAT8_E4M3 (e4m3 q, k and v) with contiguous KV,
- * out_dtype bfloat16, q/k/v strides of multiples of 16 elements, mean correction included,
- * tuning.num_splits 0 or 1, at most 65535 requests and KV heads, and total_k + 128 B below
- * 2^31. The CUDA index stage (fp_build_index, fp_pool_kv) takes e4m3 q, k and v, contiguous or
- * paged. A bf16/fp16 q over an e4m3 KV cache, paged e4m3 attention and fp_prefill on FP8 are the
- * CPU's only for now.
+ * pools: at most 2^32 rows in all). FP8 on CUDA: every call takes dtype = FP_FLOAT8_E4M3 (e4m3
+ * q, k and v) and a bfloat16 / float16 q over e4m3 K/V (kv_dtype; q is quantized to e4m3 in the
+ * workspace first, as the CPU reference quantizes it), contiguous or paged KV of any page size
+ * (attention gathers a paged cache into its workspace: total_k, when > 0, bounds the sum of
+ * seqlens_k there, else batch_size * max_seqlen_k rows are set aside), mean correction and KV
+ * splits included, with out_dtype bfloat16, e4m3 strides (token, head, page) of multiples of 16
+ * elements (a bf16/fp16 q: of 8, 16-byte aligned), at most 65535 requests and KV heads, and the
+ * keys read (total_k, or the paged bound) + 128 B below 2^31.
  *
  * docs/ALGORITHM.md is the contract for the index format and every stage.
  */

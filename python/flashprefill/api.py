@@ -38,13 +38,12 @@ Shared conventions (every call):
         k_descale, v_descale (keyword-only): the descale factors c (value = c * e4m3 value):
         None (1), a number, or float32 of shape () / (1,) / [B, Hkv] in q's place (FA3's
         descales; strides free, 0 broadcasts). out is bfloat16 for an e4m3 q, else q's dtype;
-        an out given in bfloat16 or float16 chooses the output dtype. On CUDA, e4m3 q, k and v
-        (torch.float8_e4m3fn tensors and float32 descale tensors on q's device): build_index
-        and pool_kv (contiguous or paged KV), dense_attention and sparse_attention (contiguous
-        KV, a bfloat16 out, token and head strides of multiples of 16 elements, mean
-        correction included); the other FP8 problems and calls (an FP8 KV cache, paged KV in attention,
-        prefill) run on the CPU only for now: on CUDA the library raises FlashPrefillError
-        UNSUPPORTED.
+        an out given in bfloat16 or float16 chooses the output dtype. On CUDA
+        (torch.float8_e4m3fn tensors and float32 descale tensors on q's device) every call
+        takes both FP8 problems, e4m3 q, k and v, and a bfloat16 / float16 q over e4m3 k and v
+        (quantized on the device), contiguous or paged KV, with a bfloat16 out and e4m3 strides
+        (token, head, page) of multiples of 16 elements; anything else raises
+        FlashPrefillError UNSUPPORTED.
 
 Errors: every failure the library reports raises FlashPrefillError(status, message); what the
 library cannot see (dimensions, k and v shapes, dtypes, places, buffer sizes) raises ValueError

@@ -28,9 +28,8 @@ k_descale / v_descale; the library writes bfloat16, cast back to the query's dty
 kv_dtype="float8_e4m3" with dtype "bfloat16" or "float16" (or None for such a model) quantizes
 k and v per tensor from their own values and casts only q (an FP8 KV cache; the library
 quantizes q per request and KV head). Every call of the model, prefill and decode, runs in
-that precision. The FP8 prefill runs on the CPU reference only for now (CUDA's fp_prefill does
-not run the e4m3 kernels yet): on CUDA the library raises FlashPrefillError with status
-UNSUPPORTED, and nothing falls back.
+that precision, on the CPU reference or the CUDA e4m3 kernels alike; nothing falls back to
+another precision.
 
 Needs torch and transformers >= 5 (its AttentionInterface and AttentionMaskInterface); importing
 this module does not import either.

@@ -251,27 +251,31 @@ def _cuda_problem(q, k, v):
     return problem
 
 
-def test_cuda_takes_e4m3_attention_only(rng):
-    """On CUDA the attention calls take e4m3 q, k and v; an FP8 KV cache under a bfloat16 q, and
-    fp_prefill (not wired to the e4m3 kernel yet), are refused on every build."""
+def test_cuda_takes_every_fp8_problem(rng):
+    """On CUDA the attention calls and fp_prefill take e4m3 q, k and v and a bfloat16 q over an
+    e4m3 KV cache alike: both get past the FP8 checks to the device's on every build, and a
+    stride the e4m3 kernels cannot read is refused by name."""
     q, k, v = random_qkv(rng, 64, 64, 2, 1, 64)
     k8, v8 = k.astype(E4M3), v.astype(E4M3)
     nbytes = ctypes.c_size_t()
-    cache = _cuda_problem(q.astype(BF16), k8, v8)
-    with pytest.raises(fp.FlashPrefillError, match="computed on the CPU only") as e:
-        _lib.call("fp_dense_attention_workspace_size", ctypes.byref(cache.c), ctypes.byref(nbytes))
-    assert e.value.status == fp.Status.UNSUPPORTED
-    fp8 = _cuda_problem(q.astype(E4M3), k8, v8)
     config = fp.SelectConfig().to_c()
-    with pytest.raises(fp.FlashPrefillError, match="fp_prefill does not run the e4m3 kernel yet") as e:
-        _lib.call("fp_prefill_workspace_size", ctypes.byref(fp8.c), ctypes.byref(config),
-                  ctypes.byref(nbytes))
-    assert e.value.status == fp.Status.UNSUPPORTED
-    if not fp.cuda_available():  # the e4m3 problem gets past the FP8 checks to the device's
+    for problem in (_cuda_problem(q.astype(BF16), k8, v8), _cuda_problem(q.astype(E4M3), k8, v8)):
+        if fp.cuda_available():
+            continue  # the sizes below are the device's to give
         with pytest.raises(fp.FlashPrefillError, match="no CUDA backend") as e:
-            _lib.call("fp_dense_attention_workspace_size", ctypes.byref(fp8.c),
+            _lib.call("fp_dense_attention_workspace_size", ctypes.byref(problem.c),
                       ctypes.byref(nbytes))
         assert e.value.status == fp.Status.UNSUPPORTED
+        with pytest.raises(fp.FlashPrefillError, match="no CUDA backend") as e:
+            _lib.call("fp_prefill_workspace_size", ctypes.byref(problem.c), ctypes.byref(config),
+                      ctypes.byref(nbytes))
+        assert e.value.status == fp.Status.UNSUPPORTED
+    narrow = _cuda_problem(q.astype(E4M3), k8, v8)
+    narrow.c.k_stride_token = 72  # whole 16-byte chunks of e4m3 only
+    with pytest.raises(fp.FlashPrefillError, match="k strides must be multiples of 16") as e:
+        _lib.call("fp_prefill_workspace_size", ctypes.byref(narrow.c), ctypes.byref(config),
+                  ctypes.byref(nbytes))
+    assert e.value.status == fp.Status.UNSUPPORTED
 
 
 @pytest.mark.parametrize("validate", [True, False], ids=["validated", "unvalidated"])
@@ -312,6 +316,17 @@ def test_cuda_e4m3_attention_equals_the_cpu_reference(rng, validate):
     assert rel_l2(dense.float().cpu().numpy(), want_dense) < 2e-2
     assert rel_l2(sparse.float().cpu().numpy(), want_sparse) < 2e-2
     assert rel_l2(want_sparse, want_dense) > 1e-2  # the index drops blocks that matter
+    # A bfloat16 q over the e4m3 cache (quantized on the device, c_q per (request, KV head)
+    # computed there as the CPU computes it), and the whole prefill of both problems.
+    q16 = q.astype(BF16)
+    kv_args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, k_descale=c[1], v_descale=c[2])
+    cuda_kv_args = {n: a for n, a in args.items() if n != "q_descale"}
+    want_kv = fp.dense_attention(q16, k8, v8, **kv_args).astype(np.float32)
+    got_kv = fp.dense_attention(cuda(q16.view(np.uint16)).view(torch.bfloat16), *tensors[1:],
+                                **cuda_kv_args)
+    assert rel_l2(got_kv.float().cpu().numpy(), want_kv) < 2e-2
+    got_prefill = fp.prefill(*tensors, alpha=0.0, **args)  # alpha 0: every block
+    assert rel_l2(got_prefill.float().cpu().numpy(), want_dense) < 2e-2
 
 
 def test_torch_float8(rng):

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job and the Python package on a GPU machine: `flashprefill demo` at 32K on CUDA, then
+# The main job and the Python package on a GPU machine: `flashprefill demo` at 32K on CUDA (bf16,
+# then FP8), then
 # the torch/CUDA tests of the Python package (CUDA vs the CPU reference, paged, graph capture,
 # the torch ops and Plan, the Hugging Face backend, and the vLLM and SGLang backends' translation
 # of engine-held tensors, which import neither engine), then the host cost per call.
@@ -13,6 +14,8 @@ LOG_DIR=${OUT:-/tmp}
 export LD_LIBRARY_PATH=$PWD/$BUILD_DIR:${LD_LIBRARY_PATH:-}
 status=0
 timeout "$(step_limit 120 40)" "$BUILD_DIR/flashprefill" demo --device cuda --seqlen 32768 2>&1 | tee "$LOG_DIR/demo.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+timeout "$(step_limit 120 40)" "$BUILD_DIR/flashprefill" demo --device cuda --dtype fp8 --seqlen 32768 2>&1 | tee "$LOG_DIR/demo_fp8.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 tests=()
 for t in torch torch_ops plan hf vllm_batch sglang_layout fp8; do

@@ -136,7 +136,9 @@ fp_status load_fp8_scales(const fp_problem& p, const std::vector<int32_t>& cu_q,
       for (int32_t h = 0; h < p.num_heads_kv; ++h) {
         float& c = (*out[which])[size_t(b) * p.num_heads_kv + h];
         if (d.data == nullptr) {
-          if (which == 0 && info->quantize_q) c = dynamic_q_descale(p, cu_q, b, h);
+          // CUDA computes the dynamic c_q on the device (cuda/quantize/quantize_q.hpp)
+          if (which == 0 && info->quantize_q && p.device == FP_DEVICE_CPU)
+            c = dynamic_q_descale(p, cu_q, b, h);
           continue;
         }
         c = d(b, h);

@@ -54,8 +54,8 @@ fp_status validate_fp8_fields(const fp_problem& p, Fp8Info* info);
 
 // With host metadata (the CPU always; CUDA under FP_FLAG_VALIDATE_DEVICE_METADATA, copying
 // each descale tensor's span to the host: one synchronization): copies the descale factors,
-// checks that each is finite and > 0, and computes the dynamic c_q (CPU only: the CUDA path
-// refuses a bf16/fp16 q over e4m3 K/V before). cu_q: the validated host cu_seqlens_q.
+// checks that each is finite and > 0, and, on the CPU, computes the dynamic c_q (CUDA computes
+// it on the device, cuda/quantize/quantize_q.hpp). cu_q: the validated host cu_seqlens_q.
 fp_status load_fp8_scales(const fp_problem& p, const std::vector<int32_t>& cu_q, Fp8Info* info);
 
 }  // namespace flashprefill

@@ -115,9 +115,16 @@ fp_status load_metadata(const fp_problem& p, ProblemInfo* info) {
     if (fp_status s = host_copy(p, p.page_table, size_t(B) * p.max_pages_per_seq, info->page_table);
         s != FP_OK)
       return s;
+    int64_t keys = 0;
     for (int32_t b = 0; b < B; ++b) {
       const int32_t len = info->len_kv[b];
       if (len < 0) return invalid(format("seqlens_k[%d] = %d is negative", b, len));
+      keys += len;
+      // total_k, when given, bounds the keys gathered into the workspace (CUDA FP8 attention)
+      if (p.total_k > 0 && keys > p.total_k)
+        return invalid(format("the paged requests hold %lld keys up to request %d, more than "
+                              "total_k = %lld (0 leaves it unbounded)",
+                              (long long)keys, b, (long long)p.total_k));
       const int64_t pages = ceil_div(len, p.page_size);
       if (pages > p.max_pages_per_seq)
         return invalid(format("request %d has %d keys and needs %lld pages of %d, but "
