@@ -191,7 +191,10 @@ class ResultsFile:
             "complete": False,
             "rows": [],
         }
-        status = _git("status", "--porcelain", "--untracked-files=no")
+        # With FP_COMMIT given, the checkout's git (if any) describes another commit: its status
+        # says nothing of the tree that ran.
+        status = None if os.environ.get("FP_COMMIT") else _git("status", "--porcelain",
+                                                                "--untracked-files=no")
         if status is not None:
             self.record["tree"] = "modified" if status else "clean"
         slug = re.sub(r"[^a-z0-9]+", "-", self.record["machine"].lower()).strip("-")[:40]

@@ -211,6 +211,10 @@ fp_status check_cuda_fp8(const fp_problem& p, const Fp8Info& fp8, Entry entry) {
     case Entry::kPoolKv:
       return FP_OK;
     case Entry::kBuildIndex:
+      if (fp8.quantize_q && (p.batch_size > 65535 || p.num_heads_kv > 65535))
+        return unsupported(format("FP8 e4m3 on CUDA: q is quantized by a grid row per request "
+                                  "and KV head, at most 65535 of each, got %d and %d",
+                                  p.batch_size, p.num_heads_kv));
       if (fp8.quantize_q && reinterpret_cast<uintptr_t>(p.q) % 16 != 0)
         return unsupported("FP8 e4m3 on CUDA: a bf16/fp16 q over e4m3 K/V is read in 16-byte "
                            "chunks and must be 16-byte aligned");

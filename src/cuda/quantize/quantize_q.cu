@@ -19,7 +19,7 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr int kThreads = 256;
-constexpr int kMaxRowBlocks = 64;  // CTAs over one request's rows, per KV head
+constexpr int64_t kGridCtas = 1024;  // CTAs of one pass (the grid's x: per (request, KV head))
 constexpr float kE4m3Max = 448.f;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
@@ -65,14 +65,15 @@ __global__ void __launch_bounds__(kThreads) q_amax_kernel(const QSource s, uint3
   const int32_t row0 = s.cu_q[b], len = s.cu_q[b + 1] - row0;
   const int32_t chunks = s.group * s.head_dim / 8;
   float m = 0.f;
-  for (int32_t r = blockIdx.x; r < len; r += gridDim.x)
-    for (int32_t i = threadIdx.x; i < chunks; i += kThreads) {
-      const int32_t hq = h * s.group + i * 8 / s.head_dim, d = i * 8 % s.head_dim;
-      float x[8];
-      load8(static_cast<const T*>(s.q) + (row0 + r) * s.stride_token + hq * s.stride_head + d, x);
-      for (float v : x)
-        if (isfinite(v)) m = fmaxf(m, fabsf(v));
-    }
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < int64_t(len) * chunks;
+       i += int64_t(gridDim.x) * kThreads) {
+    const int32_t r = int32_t(i / chunks), c = int32_t(i % chunks);
+    const int32_t hq = h * s.group + c * 8 / s.head_dim, d = c * 8 % s.head_dim;
+    float x[8];
+    load8(static_cast<const T*>(s.q) + (row0 + r) * s.stride_token + hq * s.stride_head + d, x);
+    for (float v : x)
+      if (isfinite(v)) m = fmaxf(m, fabsf(v));
+  }
   __shared__ float warp_max[kThreads / 32];
   for (int off = 16; off > 0; off /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
   if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
@@ -101,19 +102,20 @@ __global__ void __launch_bounds__(kThreads)
   const float inv = 1.f / c;
   const int32_t row0 = s.cu_q[b], len = s.cu_q[b + 1] - row0;
   const int32_t chunks = s.group * s.head_dim / 8;
-  for (int32_t r = blockIdx.x; r < len; r += gridDim.x)
-    for (int32_t i = threadIdx.x; i < chunks; i += kThreads) {
-      const int32_t hq = h * s.group + i * 8 / s.head_dim, d = i * 8 % s.head_dim;
-      const int64_t t = row0 + r;
-      float x[8];
-      load8(static_cast<const T*>(s.q) + t * s.stride_token + hq * s.stride_head + d, x);
-      uint2 out;
-      out.x = attention::e4m3x2_from_floats(x[0] * inv, x[1] * inv) |
-              attention::e4m3x2_from_floats(x[2] * inv, x[3] * inv) << 16;
-      out.y = attention::e4m3x2_from_floats(x[4] * inv, x[5] * inv) |
-              attention::e4m3x2_from_floats(x[6] * inv, x[7] * inv) << 16;
-      *reinterpret_cast<uint2*>(q8 + (t * heads_q + hq) * s.head_dim + d) = out;
-    }
+  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < int64_t(len) * chunks;
+       i += int64_t(gridDim.x) * kThreads) {
+    const int32_t c = int32_t(i % chunks);
+    const int64_t t = row0 + i / chunks;
+    const int32_t hq = h * s.group + c * 8 / s.head_dim, d = c * 8 % s.head_dim;
+    float x[8];
+    load8(static_cast<const T*>(s.q) + t * s.stride_token + hq * s.stride_head + d, x);
+    uint2 out;
+    out.x = attention::e4m3x2_from_floats(x[0] * inv, x[1] * inv) |
+            attention::e4m3x2_from_floats(x[2] * inv, x[3] * inv) << 16;
+    out.y = attention::e4m3x2_from_floats(x[4] * inv, x[5] * inv) |
+            attention::e4m3x2_from_floats(x[6] * inv, x[7] * inv) << 16;
+    *reinterpret_cast<uint2*>(q8 + (t * heads_q + hq) * s.head_dim + d) = out;
+  }
 }
 
 }  // namespace
@@ -156,8 +158,12 @@ fp_status quantize_q(const ProblemInfo& info, void* front) {
   const auto stream = static_cast<cudaStream_t>(p.stream);
   const QSource src{p.q, p.q_stride_token, p.q_stride_head, p.cu_seqlens_q, info.group,
                     p.head_dim, p.num_heads_kv};
-  const int32_t row_blocks =
-      int32_t(std::clamp<int64_t>(ceil_div(int64_t(p.max_seqlen_q), 16), 1, kMaxRowBlocks));
+  // About kGridCtas CTAs in all, none with nothing to do in the longest request.
+  const int64_t pairs = int64_t(p.batch_size) * p.num_heads_kv;
+  const int64_t chunks = int64_t(info.group) * p.head_dim / 8;
+  const int32_t row_blocks = int32_t(std::clamp<int64_t>(
+      std::min(ceil_div(kGridCtas, pairs), ceil_div(int64_t(p.max_seqlen_q) * chunks, kThreads)),
+      1, kGridCtas));
   const dim3 grid{unsigned(row_blocks), unsigned(p.batch_size), unsigned(p.num_heads_kv)};
   const bool bf16 = p.dtype == FP_BFLOAT16;
   const Descale given{p.q_descale, p.q_descale_stride_batch, p.q_descale_stride_head};
