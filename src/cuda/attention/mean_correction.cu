@@ -13,27 +13,46 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kChunk = 8;
 
+// Thread i's 8-element chunk of the means [batch * Hkv * max_blocks, D]: its row (request b, KV
+// head h, block j), its first column and element offset, and whether the block holds keys (a
+// block past the request's last is zeros). False for threads past the last chunk.
+struct MeanChunk {
+  int64_t row = 0, offset = 0;
+  int col = 0;
+  int32_t b = 0, h = 0, j = 0;
+  bool pooled = false;
+};
+
+__device__ __forceinline__ bool mean_chunk(const AttentionParams& p, int head_dim, MeanChunk& c) {
+  const int chunks_per_row = head_dim / kChunk;
+  const int64_t rows = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks);
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= rows * chunks_per_row) return false;
+  c.row = i / chunks_per_row;
+  c.col = int(i % chunks_per_row) * kChunk;
+  const int64_t head = c.row / p.max_blocks;
+  c.b = int32_t(head / p.heads_kv);
+  c.h = int32_t(head % p.heads_kv);
+  c.j = int32_t(c.row % p.max_blocks);
+  const int32_t len_kv =
+      p.paged ? p.seqlens_k[c.b] : p.cu_seqlens_k[c.b + 1] - p.cu_seqlens_k[c.b];
+  c.pooled = c.j < BlockGeometry{p.block_size, len_kv}.num_blocks();
+  c.offset = c.row * head_dim + c.col;
+  return true;
+}
+
 template <class Element>
 __global__ void __launch_bounds__(kThreads)
     lowp_means_kernel(const __grid_constant__ AttentionParams p, int head_dim, Element* k_out,
                       Element* v_out) {
-  const int chunks_per_row = head_dim / kChunk;
-  const int64_t rows = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks);
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= rows * chunks_per_row) return;
-  const int64_t row = i / chunks_per_row;
-  const int col = int(i % chunks_per_row) * kChunk;
-  const int32_t b = int32_t(row / (int64_t(p.heads_kv) * p.max_blocks));
-  const int32_t j = int32_t(row % p.max_blocks);
-  const int32_t len_kv =
-      p.paged ? p.seqlens_k[b] : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-  const bool pooled = j < BlockGeometry{p.block_size, len_kv}.num_blocks();
+  MeanChunk c;
+  if (!mean_chunk(p, head_dim, c)) return;
+  const int64_t offset = c.offset;
   cutlass::NumericArrayConverter<Element, float, kChunk> convert;
-  const int64_t offset = row * head_dim + col;
   cutlass::Array<float, kChunk> k, v;
   k.fill(0.f);
   v.fill(0.f);
-  if (pooled) {
+  if (c.pooled) {
     const float4* ks = reinterpret_cast<const float4*>(p.k_mean + offset);
     const float4* vs = reinterpret_cast<const float4*>(p.v_mean + offset);
     reinterpret_cast<float4*>(k.data())[0] = ks[0];
@@ -56,21 +75,15 @@ __device__ __forceinline__ int32_t fp8_key_slot(int32_t k) {
 __global__ void __launch_bounds__(kThreads)
     e4m3_means_kernel(const __grid_constant__ AttentionParams p, int head_dim, uint8_t* k_out,
                       uint8_t* v_out) {
-  const int chunks_per_row = head_dim / kChunk;
-  const int64_t rows = converted_mean_rows(p.batch, p.heads_kv, p.max_blocks);
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= rows * chunks_per_row) return;
-  const int64_t row = i / chunks_per_row;
-  const int col = int(i % chunks_per_row) * kChunk;
-  const int64_t head = row / p.max_blocks;
-  const int32_t b = int32_t(head / p.heads_kv), h = int32_t(head % p.heads_kv);
-  const int32_t j = int32_t(row % p.max_blocks);
-  const int32_t len_kv =
-      p.paged ? p.seqlens_k[b] : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-  const bool pooled = j < BlockGeometry{p.block_size, len_kv}.num_blocks();
-  const float inv_k = 1.f / descale_at(p.k_descale, b, h);
-  const float inv_v = 1.f / descale_at(p.v_descale, b, h);
-  const int64_t offset = row * head_dim + col;
+  MeanChunk c;
+  if (!mean_chunk(p, head_dim, c)) return;
+  const bool pooled = c.pooled;
+  const int col = c.col;
+  const int32_t j = c.j;
+  const int64_t head = c.row / p.max_blocks;
+  const float inv_k = 1.f / descale_at(p.k_descale, c.b, c.h);
+  const float inv_v = 1.f / descale_at(p.v_descale, c.b, c.h);
+  const int64_t offset = c.offset;
   uint32_t k_words[2];
   uint8_t v_bytes[kChunk];
   for (int e = 0; e < kChunk; e += 2) {
