@@ -54,11 +54,11 @@ FLOAT32_TOLERANCE = 1e-4
 FP8_TOLERANCE = 3e-2
 # flashprefill-fp8 against stock-fp8 (vLLM's CPU_ATTN over its own FP8 cache), both bfloat16
 # models with exact attention over an e4m3 cache whose scales are 1 (no calibrated scales in
-# the checkpoint), which round differently: CPU_ATTN's cache write truncates the mantissa and it
-# keeps q in bfloat16, where the cache update here rounds to nearest (as vLLM's CUDA
-# reshape_and_cache_flash does) and the library quantizes q and the probabilities to e4m3. The
-# token agreement of two runs is 1 - Hamming distance / tokens, and the Hamming distance is a
-# metric, so two runs each at distance d1, d2 from a third agree on at least 1 - d1 - d2.
+# the checkpoint), which round differently: CPU_ATTN's cache write truncates the mantissa, where
+# the cache update here rounds to nearest (as vLLM's CUDA reshape_and_cache_flash does) and the
+# library also rounds q and the probabilities to e4m3 (Eq. 15). The token agreement of two runs
+# is 1 - Hamming distance / tokens, and the Hamming distance is a metric, so two runs each at
+# distance d1, d2 from a third agree on at least 1 - d1 - d2.
 # Measured (2026-12-02, this workload, 64 tokens) against the same model in bfloat16 with an
 # unquantized cache: stock-fp8 0.781, flashprefill-fp8 0.859; so the two FP8 runs agree on at
 # least 1 - 0.219 - 0.141 = 0.64, 40 of 64 tokens (measured: 0.688).
