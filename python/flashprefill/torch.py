@@ -21,10 +21,10 @@ FP8 e4m3 (docs/ALGORITHM.md "FP8 e4m3"): q, k and v in torch.float8_e4m3fn, or a
 float16 q over float8_e4m3fn k and v (an FP8 KV cache), with the optional float32 descale
 tensors q_descale, k_descale, v_descale (the last arguments of the attention and index ops;
 pool_kv takes k_descale and v_descale): shape () or (1,) for one factor, or [B, Hkv] (FA3's),
-on q's device; None is 1, and for a bfloat16 / float16 q the library's dynamic max|q| / 448 per
-request and KV head. A new out is bfloat16 for an e4m3 q, else q's dtype; an out given in
-bfloat16 or float16 chooses. What the library does not compute on a device (help(flashprefill.api))
-raises its FlashPrefillError there.
+on q's device; None is 1, except q_descale over a bfloat16 / float16 q, where None is the
+library's dynamic max|q| / 448 per request and KV head. A new out is bfloat16 for an e4m3 q,
+else q's dtype; an out given in bfloat16 or float16 chooses. What the library does not compute
+on a device (help(flashprefill.api)) raises its FlashPrefillError there.
 
 CUDA graphs: a call is capturable when the metadata tensors are int32 on q's device,
 max_seqlen_q and max_seqlen_k are given and validate_metadata is False; it then copies nothing
