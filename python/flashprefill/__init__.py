@@ -16,14 +16,16 @@ shared conventions (layouts, varlen metadata, causal alignment, places, FP8); ea
 docstring states its tensors.
 
 Plan/run for serving engines (plan.py): `plan = fp.Plan(...)` once per forward from the batch's
-metadata, `plan.run(q, k, v)` per layer with the least host work.
+metadata, `plan.run(q, k, v)` per layer with the least host work; `kv_dtype=float8_e4m3fn` makes
+it a plan over an FP8 KV cache, whose run() takes each layer's descales.
 
 The attention calls and Plan take `tuning=fp.AttentionTuning(num_splits=1)` (or head_section,
 lead_tiles) to fix the CUDA attention stage's work layout instead of the library's heuristic.
 
 torch custom ops: `import flashprefill.torch` registers torch.ops.flashprefill.* (prefill,
-dense_attention, build_index, pool_kv, sparse_attention and their out-variants), which work
-under torch.compile and CUDA graphs (torch.py).
+dense_attention, build_index, pool_kv, sparse_attention and their out-variants, FP8 e4m3 with
+optional q_descale / k_descale / v_descale tensors), which work under torch.compile and CUDA
+graphs (torch.py).
 
 Hugging Face transformers: `import flashprefill.hf; flashprefill.hf.register()`, then
 attn_implementation="sparse_prefill" (hf.py; needs torch and transformers, imported only there).

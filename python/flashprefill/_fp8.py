@@ -76,12 +76,14 @@ def _descale(value, like, name, shape):
 
 
 def set_fields(c, qa, descales, keep):
-    """Fills the descale fields of fp_problem `c` (batch and heads already set)."""
+    """Fills (or, for a None, clears) the descale fields of fp_problem `c` (batch and heads
+    already set); `qa` is q's Array (or what stands in for its place), `keep` collects the
+    arrays the pointers refer to."""
     shape = (c.batch_size, c.num_heads_kv)
     for name, value in zip(_NAMES, descales):
         a, stride_batch, stride_head = _descale(value, qa, name, shape)
         if a is not None:
             keep.append(a)
-            setattr(c, name, a.ptr)
+        setattr(c, name, None if a is None else a.ptr)
         setattr(c, name + "_stride_batch", stride_batch)
         setattr(c, name + "_stride_head", stride_head)

@@ -28,7 +28,7 @@ import ctypes
 
 import numpy as np
 
-from . import _arrays, _lib
+from . import _arrays, _fp8, _lib
 from ._index import SelectConfig, pool_buffers
 from ._problem import tuning_struct
 
@@ -89,6 +89,9 @@ class Plan:
         tuning: an AttentionTuning fixing the CUDA attention stage's split count, head section
             or lead tiles for every run (workspace included); None leaves them to the library's
             heuristic.
+        kv_dtype: the dtype of k and v when it is not `dtype`: torch.float8_e4m3fn (numpy:
+            ml_dtypes.float8_e4m3fn) under a bfloat16 or float16 dtype is an FP8 KV cache
+            (docs/ALGORITHM.md "FP8 e4m3"); run() then takes its descales. None means `dtype`.
 
     Attention is causal and bottom-right aligned: a request's queries are its last L_q keys.
     """
@@ -96,10 +99,11 @@ class Plan:
     def __init__(self, num_heads_q, num_heads_kv, head_dim, dtype, device, cu_seqlens_q,
                  max_seqlen_q, max_seqlen_k, *, cu_seqlens_k=None, seqlens_k=None,
                  page_table=None, softmax_scale=None, config=None, dense=False,
-                 validate_metadata=True, tuning=None):
+                 validate_metadata=True, tuning=None, kv_dtype=None):
         dtype, device = _place(dtype, device)
         like = _Like(dtype, device)
         self._like = like
+        self._kv_like = like if kv_dtype is None else _Like(_place(kv_dtype, device)[0], device)
         self.config = SelectConfig() if config is None else config
         if not isinstance(self.config, SelectConfig):
             raise TypeError(f"config: expected a flashprefill.SelectConfig, got "
@@ -125,6 +129,15 @@ class Plan:
         if c.dtype == _lib.DType.FLOAT8_E4M3:  # its out would be bf16, not the plan's dtype
             raise TypeError("dtype: a Plan takes float32, bfloat16 or float16; FP8 e4m3 goes "
                             "through prefill() / dense_attention() with descales")
+        kv_code = _arrays.fp_dtype(self._kv_like)
+        if kv_code != c.dtype:
+            if kv_code != _lib.DType.FLOAT8_E4M3:
+                raise TypeError(f"kv_dtype: {self._kv_like.dtype} differs from dtype {dtype}; a "
+                                f"Plan's k and v are in its dtype or, for an FP8 KV cache, "
+                                f"float8_e4m3fn")
+            c.kv_dtype = kv_code  # the library checks the combination (bf16 / fp16 q)
+        self._fp8 = kv_code == _lib.DType.FLOAT8_E4M3
+        self._descaled = False  # the problem holds descales (cleared when a run has none)
         c.num_heads_q = _arrays.int32(num_heads_q, "num_heads_q")
         c.num_heads_kv = _arrays.int32(num_heads_kv, "num_heads_kv")
         c.head_dim = _arrays.int32(head_dim, "head_dim")
@@ -187,8 +200,9 @@ class Plan:
     def batch_size(self):
         return self._c.batch_size
 
-    def _check(self, a, name, ndim, heads):
-        """a's dimensions, dtype and place against the plan's (the library checks strides)."""
+    def _check(self, a, name, ndim, heads, like):
+        """a's dimensions, dtype and place against the plan's (the library checks strides);
+        `like` is the plan's q/out or k/v place and dtype."""
         shape = tuple(a.shape)
         c = self._c
         if len(shape) != ndim or shape[-2] != heads or shape[-1] != c.head_dim:
@@ -196,9 +210,8 @@ class Plan:
                     f"[rows, {'Hq' if heads == c.num_heads_q else 'Hkv'}, D]")
             raise ValueError(f"{name}: expected {dims} with H = {heads}, D = {c.head_dim}, got "
                              f"shape {shape}")
-        if a.dtype != self._like.dtype:
-            raise TypeError(f"{name}: dtype {a.dtype} differs from the plan's "
-                            f"{self._like.dtype}")
+        if a.dtype != like.dtype:
+            raise TypeError(f"{name}: dtype {a.dtype} differs from the plan's {like.dtype}")
         device = getattr(a, "device", None) if _arrays.is_torch(a) else None
         if device != self._like.device:
             raise ValueError(f"{name} is on {device or 'numpy'} but the plan is for "
@@ -270,7 +283,8 @@ class Plan:
         return pool_buffers(means, pooled_keys, self._like, self.means_shape,
                             self._c.batch_size)
 
-    def run(self, q, k, v, out=None, return_lse=False, *, means=None, pooled_keys=None):
+    def run(self, q, k, v, out=None, return_lse=False, *, means=None, pooled_keys=None,
+            q_descale=None, k_descale=None, v_descale=None):
         """Attention of one layer under this plan.
 
         Args:
@@ -290,6 +304,10 @@ class Plan:
                 pools every block in its workspace (fp_prefill).
             pooled_keys: with means: [B] integers (int32 in the plan's place is used as is),
                 0 <= pooled_keys[b] <= L_kv(b); None pools every block.
+            q_descale, k_descale, v_descale: an FP8 KV cache's descale factors (kv_dtype
+                float8_e4m3fn): None (k, v: 1; q: the library's dynamic max|q| / 448 per
+                request and KV head), a number, or float32 of shape () / (1,) / [B, Hkv] in the
+                plan's place (help(flashprefill.api), "FP8 e4m3").
 
         Returns:
             out, or (out, lse).
@@ -301,33 +319,44 @@ class Plan:
         kept = None if means is None else self._means(means, pooled_keys)
         if kept is None and pooled_keys is not None:
             raise ValueError("pooled_keys: given without means")
-        out = self._run(q, k, v, out, lse, kept=kept)
+        out = self._run(q, k, v, out, lse, kept=kept,
+                        descales=(q_descale, k_descale, v_descale))
         return out if lse is None else (out, lse)
 
-    def _view(self, a, name, ndim, heads):
-        """(data pointer, shape, strides in elements) of a tensor that fits the plan; the
-        detailed checks (and their messages) run only when the quick one fails."""
+    def _view(self, a, name, ndim, heads, like):
+        """(data pointer, shape, strides in elements) of a tensor that fits the plan (`like`:
+        its q/out or k/v dtype and place); the detailed checks (and their messages) run only
+        when the quick one fails."""
         if self._torch_place:
             shape = a.shape
-            if (a.__class__ is not self._tensor or a.dtype != self._like.dtype or
-                    a.device != self._like.device or len(shape) != ndim or
+            if (a.__class__ is not self._tensor or a.dtype != like.dtype or
+                    a.device != like.device or len(shape) != ndim or
                     shape[-2] != heads or shape[-1] != self._c.head_dim):
-                self._check(a, name, ndim, heads)
+                self._check(a, name, ndim, heads, like)
             return a.data_ptr(), shape, a.stride()
-        self._check(a, name, ndim, heads)
+        self._check(a, name, ndim, heads, like)
         view = _arrays.Array(a, name)
         return view.ptr, view.shape, view.strides
 
-    def _run(self, q, k, v, out, lse, per_call_workspace=False, kept=None):
+    def _run(self, q, k, v, out, lse, per_call_workspace=False, kept=None,
+             descales=(None, None, None)):
         """run() with lse given as a buffer (or None); per_call_workspace takes the workspace
         from the allocator for this call only (the torch ops' path, where plans are shared by
         calls that may run on different streams); kept: the checked pointers of run()'s means
-        and pooled_keys, or None."""
+        and pooled_keys, or None; descales: (q_descale, k_descale, v_descale)."""
         c = self._c
         kv_ndim = self._kv_ndim
-        c.q, q_shape, q_strides = self._view(q, "q", 3, c.num_heads_q)
-        c.k, k_shape, k_strides = self._view(k, "k", kv_ndim, c.num_heads_kv)
-        c.v, v_shape, v_strides = self._view(v, "v", kv_ndim, c.num_heads_kv)
+        like, kv_like = self._like, self._kv_like
+        c.q, q_shape, q_strides = self._view(q, "q", 3, c.num_heads_q, like)
+        c.k, k_shape, k_strides = self._view(k, "k", kv_ndim, c.num_heads_kv, kv_like)
+        c.v, v_shape, v_strides = self._view(v, "v", kv_ndim, c.num_heads_kv, kv_like)
+        descale_arrays = None
+        if self._fp8 or self._descaled or any(d is not None for d in descales):
+            # Set on every run (the layers of a forward have their own scales); a plan without
+            # e4m3 tensors passes them on for the library to refuse, and clears them next run.
+            descale_arrays = []
+            _fp8.set_fields(c, like, descales, descale_arrays)
+            self._descaled = bool(descale_arrays)
         if k_shape != v_shape:
             raise ValueError(f"k has shape {tuple(k_shape)} but v has {tuple(v_shape)}")
         total_q = q_shape[0]
@@ -348,7 +377,7 @@ class Plan:
         if out is None:
             out = _arrays.empty(self._like, tuple(q_shape))
         o = self._out
-        o.out, out_shape, out_strides = self._view(out, "out", 3, c.num_heads_q)
+        o.out, out_shape, out_strides = self._view(out, "out", 3, c.num_heads_q, like)
         if out_shape != q_shape:
             raise ValueError(f"out: expected shape {tuple(q_shape)}, got {tuple(out_shape)}")
         o.out_stride_token, o.out_stride_head = out_strides[0], out_strides[1]

@@ -17,6 +17,15 @@ k, v [total_k, Hkv, D] with cu_seqlens_k; paged KV k, v [num_pages, page_size, H
 page_table [B, max_pages_per_seq] and seqlens_k [B]; cu_seqlens_q [B + 1] (None: one request).
 lse is [Hq, total_q] float32. v_mean is an empty tensor when mean correction is off.
 
+FP8 e4m3 (docs/ALGORITHM.md "FP8 e4m3"): q, k and v in torch.float8_e4m3fn, or a bfloat16 /
+float16 q over float8_e4m3fn k and v (an FP8 KV cache), with the optional float32 descale
+tensors q_descale, k_descale, v_descale (the last arguments of the attention and index ops;
+pool_kv takes k_descale and v_descale): shape () or (1,) for one factor, or [B, Hkv] (FA3's),
+on q's device; None is 1, except q_descale over a bfloat16 / float16 q, where None is the
+library's dynamic max|q| / 448 per request and KV head. A new out is bfloat16 for an e4m3 q,
+else q's dtype; an out given in bfloat16 or float16 chooses. What the library does not compute
+on a device (help(flashprefill.api)) raises its FlashPrefillError there.
+
 CUDA graphs: a call is capturable when the metadata tensors are int32 on q's device,
 max_seqlen_q and max_seqlen_k are given and validate_metadata is False; it then copies nothing
 from the host, never synchronizes and allocates only through torch's caching allocator (out and
@@ -96,19 +105,30 @@ def _cached_plan(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_se
     return plan
 
 
+def _functional(q, k, descales):
+    """True for an e4m3 q, k in another dtype than q's (an FP8 KV cache, or a dtype the
+    library refuses) or any descale given: such calls go through the functional API, which
+    takes descales, chooses the output dtype from out and names what it refuses."""
+    return (q.dtype == torch.float8_e4m3fn or k.dtype != q.dtype or
+            any(d is not None for d in descales))
+
+
 def _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, select, validate_metadata, out, lse):
+                    max_seqlen_k, softmax_scale, select, validate_metadata, out, lse, descales):
     """prefill (select: the selection arguments' tuple) or dense attention (select None) into
-    out and lse."""
-    plan = _cached_plan(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                        max_seqlen_k, softmax_scale, select, validate_metadata)
+    out and lse; descales: (q_descale, k_descale, v_descale)."""
+    plan = None
+    if not _functional(q, k, descales):
+        plan = _cached_plan(q, k, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k,
+                            max_seqlen_q, max_seqlen_k, softmax_scale, select, validate_metadata)
     if plan is not None:
         plan._run(q, k, v, out, lse, per_call_workspace=True)
         return
     kk, vv = _kv(k, v, page_table, seqlens_k)
     common = dict(softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                  max_seqlen_k=max_seqlen_k, validate_metadata=validate_metadata, out=out)
+                  max_seqlen_k=max_seqlen_k, validate_metadata=validate_metadata, out=out,
+                  q_descale=descales[0], k_descale=descales[1], v_descale=descales[2])
     if select is None:
         result = api.dense_attention(q, kk, vv, return_lse=lse is not None, **common)
     else:
@@ -122,8 +142,13 @@ def _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, 
         lse.copy_(result[1])
 
 
+def _out_dtype(q):
+    """A new out's dtype: bfloat16 for an e4m3 q, else q's."""
+    return torch.bfloat16 if q.dtype == torch.float8_e4m3fn else q.dtype
+
+
 def _new_out(q):
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    return torch.empty(q.shape, dtype=_out_dtype(q), device=q.device)
 
 
 # --- prefill ------------------------------------------------------------------------------------
@@ -135,11 +160,13 @@ def _prefill_out_impl(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optiona
                 softmax_scale: Optional[float] = None, block_size: int = 128,
                 alpha: float = 0.1, sink_tokens: int = 256, window_tokens: int = 512,
                 dense_recent_tiles: int = 1, mean_correction: bool = True,
-                validate_metadata: bool = True) -> None:
+                validate_metadata: bool = True, q_descale: Optional[Tensor] = None,
+                k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> None:
     """Block-sparse causal prefill (index stage + attention) into out (and lse)."""
     select = (block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles, mean_correction)
     _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, select, validate_metadata, out, lse)
+                    max_seqlen_k, softmax_scale, select, validate_metadata, out, lse,
+                    (q_descale, k_descale, v_descale))
 
 
 def _prefill_out_fake(q, k, v, out, lse=None, *args, **kwargs):
@@ -152,12 +179,15 @@ def _prefill_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor
             max_seqlen_k: Optional[int] = None, softmax_scale: Optional[float] = None,
             block_size: int = 128, alpha: float = 0.1, sink_tokens: int = 256,
             window_tokens: int = 512, dense_recent_tiles: int = 1, mean_correction: bool = True,
-            validate_metadata: bool = True) -> Tensor:
-    """Block-sparse causal prefill; returns out [total_q, Hq, D] in q's dtype."""
+            validate_metadata: bool = True, q_descale: Optional[Tensor] = None,
+            k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None) -> Tensor:
+    """Block-sparse causal prefill; returns out [total_q, Hq, D] in q's dtype (bfloat16 for an
+    e4m3 q)."""
     out = _new_out(q)
     select = (block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles, mean_correction)
     _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, select, validate_metadata, out, None)
+                    max_seqlen_k, softmax_scale, select, validate_metadata, out, None,
+                    (q_descale, k_descale, v_descale))
     return out
 
 
@@ -173,10 +203,13 @@ def _dense_attention_out_impl(q: Tensor, k: Tensor, v: Tensor, out: Tensor,
                         page_table: Optional[Tensor] = None, seqlens_k: Optional[Tensor] = None,
                         max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
                         softmax_scale: Optional[float] = None,
-                        validate_metadata: bool = True) -> None:
+                        validate_metadata: bool = True, q_descale: Optional[Tensor] = None,
+                        k_descale: Optional[Tensor] = None,
+                        v_descale: Optional[Tensor] = None) -> None:
     """Exact causal attention into out (and lse)."""
     _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, None, validate_metadata, out, lse)
+                    max_seqlen_k, softmax_scale, None, validate_metadata, out, lse,
+                    (q_descale, k_descale, v_descale))
 
 
 def _dense_attention_out_fake(q, k, v, out, lse=None, *args, **kwargs):
@@ -187,11 +220,15 @@ def _dense_attention_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optiona
                     cu_seqlens_k: Optional[Tensor] = None, page_table: Optional[Tensor] = None,
                     seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
                     max_seqlen_k: Optional[int] = None, softmax_scale: Optional[float] = None,
-                    validate_metadata: bool = True) -> Tensor:
-    """Exact causal attention; returns out [total_q, Hq, D] in q's dtype."""
+                    validate_metadata: bool = True, q_descale: Optional[Tensor] = None,
+                    k_descale: Optional[Tensor] = None,
+                    v_descale: Optional[Tensor] = None) -> Tensor:
+    """Exact causal attention; returns out [total_q, Hq, D] in q's dtype (bfloat16 for an e4m3
+    q)."""
     out = _new_out(q)
     _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
-                    max_seqlen_k, softmax_scale, None, validate_metadata, out, None)
+                    max_seqlen_k, softmax_scale, None, validate_metadata, out, None,
+                    (q_descale, k_descale, v_descale))
     return out
 
 
@@ -290,10 +327,10 @@ def _index_outputs(q, k, cu_seqlens_q, page_table, max_seqlen_q, max_seqlen_k, c
 
 def _build_index_into(q, k, v, cu, idx, k_mean, v_mean, cu_seqlens_q, cu_seqlens_k, page_table,
                       seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, config,
-                      means_pooled, validate_metadata):
+                      means_pooled, validate_metadata, descales):
     kk, vv = _kv(k, v, page_table, seqlens_k)
     problem = build_problem(q, kk, vv, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                            max_seqlen_k, validate_metadata)
+                            max_seqlen_k, validate_metadata, descales)
     if means_pooled:
         problem.c.flags |= _lib.FLAG_MEANS_POOLED
     index = Index(cu, idx, k_mean, v_mean if config.mean_correction else None, config)
@@ -308,7 +345,9 @@ def _build_index_out_impl(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, idx: Tens
                     block_size: int = 128, alpha: float = 0.1, sink_tokens: int = 256,
                     window_tokens: int = 512, dense_recent_tiles: int = 1,
                     mean_correction: bool = True, means_pooled: bool = False,
-                    validate_metadata: bool = True) -> None:
+                    validate_metadata: bool = True, q_descale: Optional[Tensor] = None,
+                    k_descale: Optional[Tensor] = None,
+                    v_descale: Optional[Tensor] = None) -> None:
     """Index stage into caller buffers sized as index_sizes() reports (v_mean: empty without
     mean correction). means_pooled: k_mean / v_mean already hold every block's means (kept by
     pool_kv); only scoring and selection run."""
@@ -316,7 +355,7 @@ def _build_index_out_impl(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, idx: Tens
                      mean_correction)
     _build_index_into(q, k, v, cu, idx, k_mean, v_mean, cu_seqlens_q, cu_seqlens_k, page_table,
                       seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, config, means_pooled,
-                      validate_metadata)
+                      validate_metadata, (q_descale, k_descale, v_descale))
 
 
 def _build_index_out_fake(*args, **kwargs):
@@ -329,8 +368,9 @@ def _build_index_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Te
                 max_seqlen_k: Optional[int] = None, softmax_scale: Optional[float] = None,
                 block_size: int = 128, alpha: float = 0.1, sink_tokens: int = 256,
                 window_tokens: int = 512, dense_recent_tiles: int = 1,
-                mean_correction: bool = True,
-                validate_metadata: bool = True) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                mean_correction: bool = True, validate_metadata: bool = True,
+                q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                v_descale: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Index stage; returns (cu, idx, k_mean, v_mean) as flashprefill.Index holds them."""
     config = _config(block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles,
                      mean_correction)
@@ -343,14 +383,14 @@ def _build_index_impl(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Te
                                              max_seqlen_k, config)
     _build_index_into(q, k, v, cu, idx, k_mean, v_mean, cu_seqlens_q, cu_seqlens_k, page_table,
                       seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, config, False,
-                      validate_metadata)
+                      validate_metadata, (q_descale, k_descale, v_descale))
     return cu, idx, k_mean, v_mean
 
 
 def _build_index_fake(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, page_table=None, seqlens_k=None,
       max_seqlen_q=None, max_seqlen_k=None, softmax_scale=None, block_size=128, alpha=0.1,
       sink_tokens=256, window_tokens=512, dense_recent_tiles=1, mean_correction=True,
-      validate_metadata=True):
+      validate_metadata=True, q_descale=None, k_descale=None, v_descale=None):
     config = _config(block_size, alpha, sink_tokens, window_tokens, dense_recent_tiles,
                      mean_correction)
     return _index_outputs(q, k, cu_seqlens_q, page_table, max_seqlen_q, max_seqlen_k, config)
@@ -361,14 +401,16 @@ def _pool_kv_impl(q: Tensor, k: Tensor, v: Tensor, k_mean: Tensor, v_mean: Optio
             cu_seqlens_k: Optional[Tensor] = None, page_table: Optional[Tensor] = None,
             seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
             max_seqlen_k: Optional[int] = None, block_size: int = 128,
-            validate_metadata: bool = True) -> None:
+            validate_metadata: bool = True, k_descale: Optional[Tensor] = None,
+            v_descale: Optional[Tensor] = None) -> None:
     """Incremental pooling (fp_pool_kv): the blocks from pooled_keys[b] // block_size on of
-    k_mean (and v_mean, when given) [B, Hkv, max_blocks, D] float32."""
+    k_mean (and v_mean, when given) [B, Hkv, max_blocks, D] float32; e4m3 k and v are pooled
+    dequantized (k_descale, v_descale)."""
     kk, vv = _kv(k, v, page_table, seqlens_k)
     config = SelectConfig(block_size=block_size, mean_correction=v_mean is not None)
     api.pool_kv(q, kk, vv, config, (k_mean, v_mean), pooled_keys, cu_seqlens_q, cu_seqlens_k,
                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                validate_metadata=validate_metadata)
+                validate_metadata=validate_metadata, k_descale=k_descale, v_descale=v_descale)
 
 
 def _pool_kv_fake(*args, **kwargs):
@@ -379,14 +421,16 @@ def _pool_kv_fake(*args, **kwargs):
 
 def _sparse_into(q, k, v, cu, idx, k_mean, v_mean, cu_seqlens_q, cu_seqlens_k, page_table,
                  seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, block_size,
-                 mean_correction, validate_metadata, out, lse):
+                 mean_correction, validate_metadata, out, lse, descales):
     config = SelectConfig(block_size=block_size, mean_correction=bool(mean_correction))
     index = Index(cu, idx, k_mean, v_mean if mean_correction else None, config)
     kk, vv = _kv(k, v, page_table, seqlens_k)
     result = api.sparse_attention(q, kk, vv, index, softmax_scale, cu_seqlens_q, cu_seqlens_k,
                                   return_lse=lse is not None, max_seqlen_q=max_seqlen_q,
                                   max_seqlen_k=max_seqlen_k,
-                                  validate_metadata=validate_metadata, out=out)
+                                  validate_metadata=validate_metadata, out=out,
+                                  q_descale=descales[0], k_descale=descales[1],
+                                  v_descale=descales[2])
     if lse is not None:
         lse.copy_(result[1])
 
@@ -399,11 +443,13 @@ def _sparse_attention_out_impl(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, idx:
                          seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
                          max_seqlen_k: Optional[int] = None,
                          softmax_scale: Optional[float] = None, block_size: int = 128,
-                         mean_correction: bool = True, validate_metadata: bool = True) -> None:
+                         mean_correction: bool = True, validate_metadata: bool = True,
+                         q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                         v_descale: Optional[Tensor] = None) -> None:
     """Attention over the index (cu, idx, k_mean, v_mean) into out (and lse)."""
     _sparse_into(q, k, v, cu, idx, k_mean, v_mean, cu_seqlens_q, cu_seqlens_k, page_table,
                  seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, block_size,
-                 mean_correction, validate_metadata, out, lse)
+                 mean_correction, validate_metadata, out, lse, (q_descale, k_descale, v_descale))
 
 
 def _sparse_attention_out_fake(*args, **kwargs):
@@ -416,12 +462,15 @@ def _sparse_attention_impl(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, idx: Ten
                      seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
                      max_seqlen_k: Optional[int] = None, softmax_scale: Optional[float] = None,
                      block_size: int = 128, mean_correction: bool = True,
-                     validate_metadata: bool = True) -> Tensor:
-    """Attention over the index; returns out [total_q, Hq, D] in q's dtype."""
+                     validate_metadata: bool = True, q_descale: Optional[Tensor] = None,
+                     k_descale: Optional[Tensor] = None,
+                     v_descale: Optional[Tensor] = None) -> Tensor:
+    """Attention over the index; returns out [total_q, Hq, D] in q's dtype (bfloat16 for an
+    e4m3 q)."""
     out = _new_out(q)
     _sparse_into(q, k, v, cu, idx, k_mean, v_mean, cu_seqlens_q, cu_seqlens_k, page_table,
                  seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, block_size,
-                 mean_correction, validate_metadata, out, None)
+                 mean_correction, validate_metadata, out, None, (q_descale, k_descale, v_descale))
     return out
 
 

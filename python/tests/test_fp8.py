@@ -241,6 +241,80 @@ def test_errors(rng):
 def test_plan_refuses_fp8():
     with pytest.raises(TypeError, match="Plan takes"):
         fp.Plan(2, 1, 16, np.dtype(E4M3), None, [0, 8], 8, 8, cu_seqlens_k=[0, 8])
+    with pytest.raises(TypeError, match="kv_dtype: float16 differs from dtype"):
+        fp.Plan(2, 1, 16, np.dtype(BF16), None, [0, 8], 8, 8, cu_seqlens_k=[0, 8],
+                kv_dtype=np.float16)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
+def test_plan_over_an_fp8_kv_cache_equals_the_functional_calls(rng, dense):
+    """A Plan with kv_dtype e4m3 (bfloat16 q over a paged e4m3 cache): every run, with the
+    layer's own descales, equals the functional call bit for bit; kept means too; a plan that
+    was handed descales for a problem without e4m3 tensors refuses them and forgets them."""
+    lengths_q, lengths_k, page_size = [300, 37], [700, 37], 16
+    cu_q, cu_k = cu_of(lengths_q), cu_of(lengths_k)
+    select = dict(alpha=0.3, sink_tokens=64, window_tokens=128)
+    config = fp.SelectConfig(**select)
+    plan = None
+    for _ in range(2):  # two layers, each with its own cache and descales
+        q, k, v = structured_qkv(rng, sum(lengths_q), sum(lengths_k), 4, 2, 64)
+        c_k, c_v = per_tensor(k), np.array([[0.5, 1.0], [2.0, 0.25]], np.float32) * per_tensor(v)
+        k8 = quantize(k, c_k)
+        v8 = np.concatenate([quantize(v[cu_k[b]:cu_k[b + 1]], c_v[b][None, :, None])
+                             for b in range(2)])
+        # One page order for every layer: the plan holds the forward's page table.
+        k_cache, v_cache, table = paged_cache(k8, v8, cu_k, page_size, np.random.default_rng(7))
+        if plan is None:
+            plan = fp.Plan(4, 2, 64, np.dtype(BF16), None, cu_q, 300, 700,
+                           seqlens_k=lengths_k, page_table=table, config=config, dense=dense,
+                           kv_dtype=E4M3)
+        q16 = q.astype(BF16)
+        descales = dict(k_descale=c_k, v_descale=c_v)
+        call = fp.dense_attention if dense else fp.prefill
+        kw = {} if dense else select
+        want = call(q16, k8, v8, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **descales, **kw)
+        got = plan.run(q16, k_cache, v_cache, **descales)
+        assert got.dtype == BF16 and np.array_equal(got, want)
+        given_q = plan.run(q16, k_cache, v_cache, q_descale=0.05, **descales)
+        assert np.array_equal(given_q, call(q16, k8, v8, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                            q_descale=0.05, **descales, **kw))
+        assert not np.array_equal(given_q, want)
+        if not dense:
+            shape = plan.means_shape
+            means = (np.zeros(shape, np.float32), np.zeros(shape, np.float32))
+            kept = plan.run(q16, k_cache, v_cache, means=means, **descales)
+            assert np.array_equal(kept, want)
+            again = plan.run(q16, k_cache, v_cache, means=means,
+                             pooled_keys=np.array(lengths_k, np.int32), **descales)
+            assert np.array_equal(again, want)
+    with pytest.raises(TypeError, match="k: dtype bfloat16 differs from the plan's"):
+        plan.run(q16, k_cache.astype(BF16), v_cache, **descales)
+    plain = fp.Plan(4, 2, 64, np.dtype(BF16), None, cu_q, 300, 700, seqlens_k=lengths_k,
+                    page_table=table, config=config, dense=dense)
+    k16, v16 = k_cache.astype(BF16), v_cache.astype(BF16)
+    with pytest.raises(fp.FlashPrefillError, match="k_descale is set but no tensor is e4m3"):
+        plain.run(q16, k16, v16, k_descale=1.0)
+    assert np.array_equal(plain.run(q16, k16, v16), call(
+        q16, fp.PagedKV(k16, v16, table, lengths_k), cu_seqlens_q=cu_q, **kw))
+
+
+def paged_cache(k, v, cu_k, page_size, rng):
+    """k, v rows of each request in shuffled pages of [num_pages, page_size, Hkv, D] caches."""
+    lengths = np.diff(cu_k)
+    pages = [-(-int(n) // page_size) for n in lengths]
+    order = rng.permutation(sum(pages) + 2)
+    k_cache = np.zeros((sum(pages) + 2, page_size) + k.shape[1:], k.dtype)
+    v_cache = np.zeros_like(k_cache)
+    table = np.zeros((len(lengths), max(pages)), np.int32)
+    used = 0
+    for b, n in enumerate(lengths):
+        for j in range(pages[b]):
+            table[b, j] = page = order[used]
+            used += 1
+            rows = slice(cu_k[b] + j * page_size, cu_k[b] + min(int(n), (j + 1) * page_size))
+            k_cache[page, :rows.stop - rows.start] = k[rows]
+            v_cache[page, :rows.stop - rows.start] = v[rows]
+    return k_cache, v_cache, table
 
 
 def _cuda_problem(q, k, v):

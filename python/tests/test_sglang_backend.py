@@ -27,22 +27,27 @@ import flashprefill.sglang
 from flashprefill.sglang.backend import (FlashPrefillAttnBackend, UnsupportedModelError,
                                          check_model_runner)
 from flashprefill.sglang.layout import Settings
-from conftest import rel_l2
+from conftest import reference_attention, rel_l2
 
 ForwardBatch, ForwardMode = sglang_batch.ForwardBatch, sglang_batch.ForwardMode
 HEADS_Q, HEADS_KV, HEAD_DIM, LAYERS = 4, 2, 64, 2
+E4M3 = torch.float8_e4m3fn
 
 
 class Batch:
     """Pools, a runner and a ForwardBatch: request b has prefix[b] cached keys and new[b] new
-    tokens, on shuffled pages; q, k, v per layer for the new tokens."""
+    tokens, on shuffled pages; q, k, v per layer for the new tokens (in `dtype`, the model's).
+    With fp8_scales (k_scale, v_scale): an FP8 e4m3 pool, every layer with those scales, and
+    keys_written / values_written (what the pool was handed, per layer, in slot order)."""
 
-    def __init__(self, rng, prefix, new, page_size, mode=ForwardMode.EXTEND, structured=False):
+    def __init__(self, rng, prefix, new, page_size, mode=ForwardMode.EXTEND, structured=False,
+                 dtype=torch.float32, fp8_scales=None):
         lengths = [p + n for p, n in zip(prefix, new)]
         pages_per_req = [-(-L // page_size) for L in lengths]
         num_pages = sum(pages_per_req) + 3
         size = num_pages * page_size
-        self.kv_pool = MHATokenToKVPool(size=size, page_size=page_size, dtype=torch.float32,
+        self.kv_pool = MHATokenToKVPool(size=size, page_size=page_size,
+                                        dtype=dtype if fp8_scales is None else E4M3,
                                         head_num=HEADS_KV, head_dim=HEAD_DIM, layer_num=LAYERS,
                                         device="cpu", enable_memory_saver=False)
         self.req_pool = ReqToTokenPool(size=len(lengths) + 2, max_context_len=max(lengths) + 64,
@@ -53,23 +58,34 @@ class Batch:
         slots_new = []
         self.layers = [RadixAttention(HEADS_Q, HEAD_DIM, HEAD_DIM ** -0.5, HEADS_KV, layer_id=i)
                        for i in range(LAYERS)]
+        self.dtype, self.prefix = dtype, prefix
+        self.cached = [[] for _ in range(LAYERS)]  # each layer's prefix (k, v) per request
+        for layer in self.layers if fp8_scales is not None else ():
+            layer.k_scale, layer.v_scale = (torch.tensor(c, dtype=torch.float32)
+                                            for c in fp8_scales)
         for b, L in enumerate(lengths):
             pages = [free.pop() for _ in range(pages_per_req[b])]
             slots = torch.tensor([pages[j // page_size] * page_size + j % page_size
                                   for j in range(L)], dtype=torch.int64)
             self.req_pool.req_to_token[rows[b], :L] = slots.to(torch.int32)
             for layer in self.layers:
-                kp, vp = (self._tensor(rng, prefix[b], HEADS_KV, structured) for _ in range(2))
-                self.kv_pool.set_kv_buffer(layer, slots[:prefix[b]], kp, vp)
+                kp, vp = (self._tensor(rng, prefix[b], HEADS_KV, structured).to(dtype)
+                          for _ in range(2))
+                self.cached[layer.layer_id].append((kp.clone(), vp.clone()))
+                # as forward_extend saves them (an FP8 pool divides them by the scales)
+                self.kv_pool.set_kv_buffer(layer, slots[:prefix[b]], kp, vp, layer.k_scale,
+                                           layer.v_scale)
             slots_new.append(slots[prefix[b]:])
         total = sum(new)
-        self.q = [self._tensor(rng, total, HEADS_Q, structured).reshape(total, -1)
+        self.q = [self._tensor(rng, total, HEADS_Q, structured).reshape(total, -1).to(dtype)
                   for _ in range(LAYERS)]
-        self.k = [self._tensor(rng, total, HEADS_KV, structured) for _ in range(LAYERS)]
-        self.v = [self._tensor(rng, total, HEADS_KV, structured) for _ in range(LAYERS)]
+        self.k = [self._tensor(rng, total, HEADS_KV, structured).to(dtype)
+                  for _ in range(LAYERS)]
+        self.v = [self._tensor(rng, total, HEADS_KV, structured).to(dtype)
+                  for _ in range(LAYERS)]
         self.runner = types.SimpleNamespace(
             device="cpu", req_to_token_pool=self.req_pool, token_to_kv_pool=self.kv_pool,
-            page_size=page_size, dtype=torch.float32, model=torch.nn.ModuleList(self.layers))
+            page_size=page_size, dtype=dtype, model=torch.nn.ModuleList(self.layers))
         seq_lens = torch.tensor(lengths, dtype=torch.int64)
         self.forward_batch = ForwardBatch(
             forward_mode=mode, batch_size=len(lengths),
@@ -93,8 +109,10 @@ class Batch:
         return torch.from_numpy(x.astype(np.float32))
 
     def run(self, backend):
+        """Every layer's output; k and v are handed over as copies (an FP8 pool's
+        set_kv_buffer divides them by the scales in place)."""
         backend.init_forward_metadata(self.forward_batch)
-        return [backend.forward(self.q[i], self.k[i], self.v[i], self.layers[i],
+        return [backend.forward(self.q[i], self.k[i].clone(), self.v[i].clone(), self.layers[i],
                                 self.forward_batch) for i in range(LAYERS)]
 
 
@@ -137,8 +155,9 @@ def test_mixed_batch_matches_torch_native(rng, page_size):
         assert rel_l2(o[decode_rows], r[decode_rows]) <= 1e-5
 
 
-def _contiguous_prefill(batch, layer_id, config):
-    """The library's contiguous call on K/V gathered out of the pool in request order."""
+def _contiguous_prefill(batch, layer_id, config, **descales):
+    """The library's contiguous call on K/V gathered out of the pool in request order (an
+    FP8 pool's e4m3 values, with `descales`)."""
     fb, pool = batch.forward_batch, batch.kv_pool
     ks, vs, cu_k = [], [], [0]
     for b in range(fb.batch_size):
@@ -154,7 +173,7 @@ def _contiguous_prefill(batch, layer_id, config):
                       alpha=config.alpha, sink_tokens=config.sink_tokens,
                       window_tokens=config.window_tokens,
                       dense_recent_tiles=config.dense_recent_tiles,
-                      mean_correction=config.mean_correction).reshape(q.shape[0], -1)
+                      mean_correction=config.mean_correction, **descales).reshape(q.shape[0], -1)
 
 
 @pytest.mark.parametrize("page_size", [1, 64])
@@ -171,6 +190,81 @@ def test_default_alpha_is_the_library_call_and_near_exact(rng, page_size):
         # (python/tests/test_prefill.py: the same bound on the library's structured inputs).
         error = rel_l2(o, r)
         assert 1e-6 < error < 0.05, error
+
+
+# An FP8 e4m3 pool under a bfloat16 model; scales of the order of max |x| / 448 of the inputs.
+# docs/ALGORITHM.md "FP8 e4m3", Tolerances: relative L2 against float64 attention on
+# the dequantized inputs, and against the unquantized inputs.
+FP8_SCALES = (0.015, 0.01)
+FP8_DEQUANTIZED_TOLERANCE, FP8_UNQUANTIZED_TOLERANCE = 3e-2, 8e-2
+
+
+def _fp8_references(batch, layer_id):
+    """(exact on the dequantized pool with q quantized as the library does, exact on the
+    unquantized inputs) of one layer, [total_q, Hq * D] float64, from conftest's reference."""
+    fb, pool, layer = batch.forward_batch, batch.kv_pool, batch.layers[layer_id]
+    group = HEADS_Q // HEADS_KV
+    q = batch.q[layer_id].reshape(-1, HEADS_Q, HEAD_DIM).float()
+    cu_q = np.concatenate([[0], np.cumsum(fb.extend_seq_lens_cpu)]).astype(np.int32)
+    q8 = q.clone()
+    for b in range(fb.batch_size):
+        rows = q[cu_q[b]:cu_q[b + 1]].unflatten(1, (HEADS_KV, group))
+        c_q = rows.abs().amax(dim=(0, 2, 3), keepdim=True) / 448
+        rows = (rows * (1 / c_q)).clamp(-448, 448).to(E4M3).float() * c_q
+        q8[cu_q[b]:cu_q[b + 1]] = rows.flatten(1, 2)
+    dequantized, original, cu_k = ([], []), ([], []), [0]
+    new_start = np.concatenate([[0], np.cumsum(fb.extend_seq_lens_cpu)])
+    for b in range(fb.batch_size):
+        L = int(fb.seq_lens[b])
+        slots = batch.req_pool.req_to_token[fb.req_pool_indices[b], :L].long()
+        for i, (buffer, scale) in enumerate(((pool.get_key_buffer(layer_id), layer.k_scale),
+                                             (pool.get_value_buffer(layer_id), layer.v_scale))):
+            dequantized[i].append(buffer[slots].float() * scale)
+            new = (batch.k, batch.v)[i][layer_id][new_start[b]:new_start[b + 1]]
+            original[i].append(torch.cat([batch.cached[layer_id][b][i], new]).float())
+        cu_k.append(cu_k[-1] + L)
+    cu_k = np.array(cu_k, np.int32)
+    exact = [reference_attention(qq.numpy(), torch.cat(k).numpy(), torch.cat(v).numpy(), cu_q,
+                                 cu_k)[0].reshape(q.shape[0], -1)
+             for qq, (k, v) in ((q8, dequantized), (q, original))]
+    return exact
+
+
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_fp8_pool_is_the_library_call_and_near_exact(rng, page_size):
+    """--kv-cache-dtype fp8_e4m3: the pool's e4m3 view with the layers' k_scale / v_scale as
+    descales, bit for bit the library's contiguous call on the same e4m3 values; at alpha = 0
+    FP8 exact attention within the documented bounds."""
+    prefix, new = [0, 700, 5], [900, 300, 120]
+    batch = Batch(rng, prefix, new, page_size, structured=True, dtype=torch.bfloat16,
+                  fp8_scales=FP8_SCALES)
+    pool = batch.kv_pool
+    assert pool.dtype == E4M3 and pool.store_dtype == torch.uint8
+    assert pool.get_key_buffer(0).dtype == E4M3
+    for settings in (_settings(alpha=0.0), _settings(sink_tokens=128, window_tokens=128)):
+        ours = batch.run(FlashPrefillAttnBackend(batch.runner, settings))
+        for layer_id, out in enumerate(ours):
+            assert out.dtype == torch.bfloat16 and out.shape == (sum(new), HEADS_Q * HEAD_DIM)
+            layer = batch.layers[layer_id]
+            lib = _contiguous_prefill(batch, layer_id, settings.select_config(),
+                                      k_descale=layer.k_scale, v_descale=layer.v_scale)
+            assert out.equal(lib)
+            if settings.alpha == 0:
+                dequantized, original = _fp8_references(batch, layer_id)
+                assert rel_l2(out.float(), dequantized) <= FP8_DEQUANTIZED_TOLERANCE
+                assert rel_l2(out.float(), original) <= FP8_UNQUANTIZED_TOLERANCE
+
+
+def test_fp8_pools_refused(rng):
+    batch = Batch(rng, [0], [64], 1, dtype=torch.bfloat16, fp8_scales=FP8_SCALES)
+    check_model_runner(batch.runner)
+    with pytest.raises(UnsupportedModelError, match="FP8 KV cache for a model in torch.float32"):
+        check_model_runner(_runner_with(batch, dtype=torch.float32))
+    e5m2 = MHATokenToKVPool(size=64, page_size=1, dtype=torch.float8_e5m2, head_num=HEADS_KV,
+                            head_dim=HEAD_DIM, layer_num=LAYERS, device="cpu",
+                            enable_memory_saver=False)
+    with pytest.raises(UnsupportedModelError, match="float8_e5m2 .*FP8 format is e4m3"):
+        check_model_runner(_runner_with(batch, token_to_kv_pool=e5m2))
 
 
 def test_short_requests_and_dense_layers_run_exact(rng):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import flashprefill as fp
-from conftest import cu_of, reference_attention, structured_qkv
+from conftest import cu_of, reference_attention, rel_l2, structured_qkv
 from flashprefill.vllm import batch as vb
 
 torch = pytest.importorskip("torch")
@@ -31,11 +31,31 @@ MIXED = [(1, 300), (1, 517), (700, 700), (150, 150), (260, 1160), (300, 812)]
 ALL_LONG = [(640, 640), (333, 1100)]
 
 
+def quantize(x, scale):
+    """round_e4m3(x / scale), saturating: what vLLM's cache update stores in an FP8 cache."""
+    return (x.to(torch.float32) / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def cache_storage(num_blocks, device, dtype, fp8_scales):
+    """(storage [num_blocks, block, Hkv, 2D], scales): FLASH_ATTN's per-layer cache as vLLM
+    stores it (its logical shape [num_blocks, Hkv, block, 2D] is storage.transpose(1, 2)),
+    unused slots NaN so that a wrong read shows; with fp8_scales (k_scale, v_scale) vLLM's
+    uint8 FP8 cache (0x7f is e4m3's NaN) and {"k_scale", "v_scale"} as float32 tensors, else
+    {}."""
+    shape = (num_blocks, BLOCK, HKV, 2 * D)
+    if fp8_scales is None:
+        return torch.full(shape, float("nan"), dtype=dtype, device=device), {}
+    scales = {name: torch.tensor(s, dtype=torch.float32, device=device)
+              for name, s in zip(("k_scale", "v_scale"), fp8_scales)}
+    return torch.full(shape, 0x7F, dtype=torch.uint8, device=device), scales
+
+
 class Forward:
     """A batch's tensors: contiguous q, k, v per request (the truth) and the paged cache
-    vLLM would hold, filled through write_kv."""
+    vLLM would hold, filled through write_kv. With fp8_scales (k_scale, v_scale): vLLM's FP8
+    cache (uint8 storage), and the truth's k and v are its dequantized values."""
 
-    def __init__(self, rng, requests, device, dtype, spare_blocks=5):
+    def __init__(self, rng, requests, device, dtype, spare_blocks=5, fp8_scales=None):
         lens_q = [lq for lq, _ in requests]
         lens_kv = [lk for _, lk in requests]
         q, k, v = structured_qkv(rng, sum(lens_q), sum(lens_kv), HQ, HKV, D)
@@ -56,10 +76,7 @@ class Forward:
             used += n
             positions = np.arange(lens_kv[r])
             slots.append(table[r, positions // BLOCK] * BLOCK + positions % BLOCK)
-        # FLASH_ATTN's per-layer cache: logical [num_blocks, Hkv, block, 2D], stored
-        # [num_blocks, block, Hkv, 2D]; unused slots hold NaN so a wrong read shows.
-        storage = torch.full((num_blocks, BLOCK, HKV, 2 * D), float("nan"), dtype=dtype,
-                             device=device)
+        storage, self.scales = cache_storage(num_blocks, device, dtype, fp8_scales)
         self.kv_cache = storage.transpose(1, 2)
         self.key_cache, self.value_cache = vb.kv_views(self.kv_cache, D)
         t = lambda a: torch.from_numpy(a).to(device=device, dtype=dtype)
@@ -71,9 +88,15 @@ class Forward:
         zeros = torch.zeros((3, HKV, D), dtype=dtype, device=device)
         k_t, v_t = t(k), t(v)
         vb.write_kv(torch.cat([k_t[:half], zeros]), torch.cat([v_t[:half], zeros]),
-                    self.key_cache, self.value_cache, torch.cat([slot_mapping[:half], pad]))
+                    self.key_cache, self.value_cache, torch.cat([slot_mapping[:half], pad]),
+                    **self.scales)
         vb.write_kv(k_t[half:], v_t[half:], self.key_cache, self.value_cache,
-                    slot_mapping[half:])
+                    slot_mapping[half:], **self.scales)
+        if self.scales:
+            self.k8, self.v8 = (quantize(x, self.scales[name]) for x, name in
+                                ((k_t, "k_scale"), (v_t, "v_scale")))
+            self.k_np = (self.k8.float() * self.scales["k_scale"]).cpu().numpy()
+            self.v_np = (self.v8.float() * self.scales["v_scale"]).cpu().numpy()
         self.block_table = torch.from_numpy(table).to(device)
         self.query_start_loc = torch.from_numpy(cu_of(lens_q)).to(device)
         self.seq_lens = torch.tensor(lens_kv, dtype=torch.int32, device=device)
@@ -89,7 +112,8 @@ class Forward:
 
     def run(self, batch):
         out = torch.full_like(self.q, 7.0)
-        batch.run(self.q, self.key_cache, self.value_cache, out, 1.0 / np.sqrt(D))
+        batch.run(self.q, self.key_cache, self.value_cache, out, 1.0 / np.sqrt(D),
+                  **self.scales)
         return out.float().cpu().numpy()
 
     def rows(self, r):
@@ -105,13 +129,31 @@ class Forward:
         v = np.concatenate([self.v_np[cu_k_all[r]:cu_k_all[r + 1]] for r in requests])
         cu_q = cu_of([self.lens_q[r] for r in requests])
         cu_k = cu_of([self.lens_kv[r] for r in requests])
-        out = fn(t(q), t(k), t(v), cu_seqlens_q=torch.from_numpy(cu_q).to(self.device),
+        k, v = t(k), t(v)
+        if self.scales:  # the e4m3 codes and their descales
+            k, v = (torch.cat([x[cu_k_all[r]:cu_k_all[r + 1]] for r in requests])
+                    for x in (self.k8, self.v8))
+            kwargs = dict(kwargs, k_descale=self.scales["k_scale"],
+                          v_descale=self.scales["v_scale"])
+        out = fn(t(q), k, v, cu_seqlens_q=torch.from_numpy(cu_q).to(self.device),
                  cu_seqlens_k=torch.from_numpy(cu_k).to(self.device), **kwargs)
         out = out.float().cpu().numpy()
         return {r: out[cu_q[i]:cu_q[i + 1]] for i, r in enumerate(requests)}
 
     def exact(self):
-        out, _ = reference_attention(self.q_np, self.k_np, self.v_np, cu_of(self.lens_q),
+        """float64 attention on the truth; over an FP8 cache with q as the library quantizes
+        it (c_q = max|q| / 448 over each request's rows of a KV head's query heads)."""
+        q = self.q_np
+        if self.scales:
+            q = q.copy()
+            group = HQ // HKV
+            for r in range(len(self.lens_q)):
+                for h in range(HKV):
+                    x = torch.from_numpy(q[self.rows(r), h * group:(h + 1) * group])
+                    c = x.abs().max() / 448  # round_e4m3(q * (1 / c_q)), then dequantized
+                    q8 = (x * (1 / c)).clamp(-448, 448).to(torch.float8_e4m3fn)
+                    q[self.rows(r), h * group:(h + 1) * group] = (q8.float() * c).numpy()
+        out, _ = reference_attention(q, self.k_np, self.v_np, cu_of(self.lens_q),
                                      cu_of(self.lens_kv))
         return out
 
@@ -214,6 +256,96 @@ def test_kv_views_checks_the_shape():
         vb.kv_views(torch.zeros(4, 2, 16, 64), 64)
 
 
+# FP8 KV caches (kv_cache_dtype "fp8"): vLLM's uint8 cache, k_scale / v_scale as descales, a
+# bfloat16 q that the library quantizes. Scales: max |x| / 448 of the inputs would be the
+# calibrated ones; these are near that for structured_qkv and saturate a few values.
+FP8_SCALES = (0.01, 0.008)
+# docs/ALGORITHM.md "FP8 e4m3", Tolerances: the CPU FP8 reference against float64 attention on
+# its dequantized inputs (relative L2).
+FP8_DEQUANTIZED_TOLERANCE = 3e-2
+
+
+@pytest.mark.parametrize("include_decodes", [False, True])
+def test_fp8_cache_matches_contiguous_and_exact(rng, include_decodes):
+    f = Forward(rng, MIXED, "cpu", torch.bfloat16, fp8_scales=FP8_SCALES)
+    assert f.key_cache.dtype == torch.float8_e4m3fn and f.kv_cache.dtype == torch.uint8
+    assert float(f.k8.float().abs().max()) == 448  # some keys saturate
+    batch = f.batch(include_decodes=include_decodes)
+    out = f.run(batch)
+    # The library's contiguous call on the same e4m3 codes and descales, bit for bit: the
+    # sparse part through the prefill, the dense one through exact attention.
+    sparse = f.contiguous([2, 4, 5], fp.prefill, **sparse_kwargs(SETTINGS))
+    dense = f.contiguous([0, 1, 3] if include_decodes else [3], fp.dense_attention)
+    for r, rows in {**sparse, **dense}.items():
+        np.testing.assert_array_equal(out[f.rows(r)], rows)
+    exact = f.exact()
+    for r in dense:
+        assert rel_l2(out[f.rows(r)], exact[f.rows(r)]) <= FP8_DEQUANTIZED_TOLERANCE
+    if not include_decodes:
+        np.testing.assert_array_equal(out[:2], 7.0)
+    np.testing.assert_array_equal(out[sum(f.lens_q):], 7.0)
+    # alpha = 0: every request is FP8 exact attention.
+    whole = f.run(f.batch(vb.Settings(alpha=0.0, min_sparse_len=0), include_decodes=True))
+    assert rel_l2(whole[:sum(f.lens_q)], exact) <= FP8_DEQUANTIZED_TOLERANCE
+
+
+def test_cpu_backend_over_an_fp8_cache(rng):
+    """FlashPrefillCPUImpl with kv_cache_dtype "fp8" on vLLM's uint8 cache tensor: its cache
+    update and forward take the layer's _k_scale / _v_scale (needs vLLM's backend classes)."""
+    backend = pytest.importorskip("flashprefill.vllm.backend")
+    f = Forward(rng, MIXED, "cpu", torch.bfloat16, fp8_scales=FP8_SCALES)
+    layer = types.SimpleNamespace(_k_scale=f.scales["k_scale"], _v_scale=f.scales["v_scale"],
+                                  _q_scale=torch.tensor(1.0))
+    impl = backend.FlashPrefillCPUImpl(HQ, D, 1.0 / np.sqrt(D), HKV, kv_cache_dtype="fp8")
+    # Its cache update writes what write_kv wrote into f's cache, byte for byte.
+    cache = torch.full_like(f.kv_cache.transpose(1, 2), 0x7F).transpose(1, 2)
+    table, lens = f.block_table.numpy(), f.lens_kv
+    slots = torch.from_numpy(np.concatenate([table[r, np.arange(n) // BLOCK] * BLOCK +
+                                             np.arange(n) % BLOCK for r, n in enumerate(lens)]))
+    # Keys and values that quantize to f's codes again (e4m3 values times the scale).
+    k = (f.k8.float() * FP8_SCALES[0]).to(torch.bfloat16)
+    v = (f.v8.float() * FP8_SCALES[1]).to(torch.bfloat16)
+    impl.do_kv_cache_update(layer, k, v, cache, slots)
+    assert cache.equal(f.kv_cache)
+    batch = f.batch(include_decodes=True)
+    out = torch.full_like(f.q, 7.0)
+    impl.forward(layer, f.q, None, None, cache,
+                 backend.FlashPrefillMetadata(sum(f.lens_q), batch), out)
+    np.testing.assert_array_equal(out.float().numpy(), f.run(batch))
+    with pytest.raises(NotImplementedError, match="fp8_e5m2 KV cache: the library's FP8 "
+                                                  "format is e4m3"):
+        backend.FlashPrefillCPUImpl(HQ, D, 0.125, HKV, kv_cache_dtype="fp8_e5m2")
+    config = lambda cache_dtype, dtype: types.SimpleNamespace(
+        cache_config=types.SimpleNamespace(cache_dtype=cache_dtype),
+        model_config=types.SimpleNamespace(dtype=dtype))
+    with pytest.raises(ValueError, match="fp8 KV cache needs a bfloat16 or float16 model"):
+        backend.refuse_fp8_under_float32(config("fp8", torch.float32))
+    backend.refuse_fp8_under_float32(config("fp8_e4m3", torch.bfloat16))
+    backend.refuse_fp8_under_float32(config("auto", torch.float32))
+
+
+def test_write_kv_quantizes_an_fp8_cache(rng):
+    f = Forward(rng, [(50, 50)], "cpu", torch.bfloat16, fp8_scales=FP8_SCALES)
+    table = f.block_table.numpy()
+    k = torch.from_numpy(f.k_np)  # dequantized; the cache holds round_e4m3(k / k_scale)
+    for j in (0, 15, 16, 49):
+        block, row = table[0, j // BLOCK], j % BLOCK
+        assert f.key_cache[block, row].view(torch.uint8).equal(f.k8[j].view(torch.uint8))
+        assert f.value_cache[block, row].view(torch.uint8).equal(f.v8[j].view(torch.uint8))
+        assert f.kv_cache[block, :, row, :D].view(torch.float8_e4m3fn).float().mul(
+            FP8_SCALES[0]).equal(k[j])
+    # Saturation at the e4m3 range, round to nearest even, and the division by the scale.
+    cache = torch.zeros(1, 4, 1, 4, dtype=torch.uint8)
+    keys, values = vb.kv_views(cache.transpose(1, 2).repeat(1, 1, 1, 2), 4)
+    x = torch.tensor([[[1e4, -1e4, 1.0625, 1.1875]]], dtype=torch.bfloat16)
+    vb.write_kv(x, x, keys, values, torch.tensor([2]), k_scale=torch.tensor(1.0),
+                v_scale=torch.tensor(0.5))
+    assert keys[0, 2, 0].float().tolist() == [448, -448, 1.0, 1.25]
+    assert values[0, 2, 0].float().tolist() == [448, -448, 2.0, 2.5]
+    with pytest.raises(ValueError, match="k_scale: an FP8 cache needs its scale"):
+        vb.write_kv(x, x, keys, values, torch.tensor([2]))
+
+
 def test_settings_from_env():
     s = vb.Settings.from_env({"FLASHPREFILL_ALPHA": "0.25", "FLASHPREFILL_MIN_SPARSE_LEN": "64",
                               "FLASHPREFILL_MEAN_CORRECTION": "off", "FLASHPREFILL_VLLM_CPU": "1",
@@ -261,11 +393,10 @@ def test_consecutive_span_share():
 class Pool:
     """A paged KV pool in FLASH_ATTN's layout (block size 16, blocks handed out shuffled) and
     the KeptMeans of its layer; a forward writes it as vLLM's cache update does (write_kv,
-    then KeptMeans.invalidate)."""
+    then KeptMeans.invalidate). With fp8_scales (k_scale, v_scale): an FP8 pool."""
 
-    def __init__(self, rng, num_blocks, device, dtype, settings):
-        storage = torch.full((num_blocks, BLOCK, HKV, 2 * D), float("nan"), dtype=dtype,
-                             device=device)
+    def __init__(self, rng, num_blocks, device, dtype, settings, fp8_scales=None):
+        storage, self.scales = cache_storage(num_blocks, device, dtype, fp8_scales)
         self.key_cache, self.value_cache = vb.kv_views(storage.transpose(1, 2), D)
         self.free = [int(b) for b in rng.permutation(num_blocks)]
         self.kept = vb.KeptMeans(self.key_cache, settings.block_size, settings.mean_correction)
@@ -287,7 +418,7 @@ class Pool:
                                              for seq, new in steps])
         q, k, v = (self.tensor(new_rows(a)) for a in "qkv")
         slot_mapping = torch.from_numpy(np.concatenate(slots)).to(self.device)
-        vb.write_kv(k, v, self.key_cache, self.value_cache, slot_mapping)
+        vb.write_kv(k, v, self.key_cache, self.value_cache, slot_mapping, **self.scales)
         self.kept.invalidate(slot_mapping)
         for seq, new in steps:
             seq.computed += new
@@ -316,7 +447,8 @@ class Pool:
         outs = {}
         for kept in (None, self.kept):
             out = torch.full_like(q, 7.0)
-            batch.run(q, self.key_cache, self.value_cache, out, 1.0 / np.sqrt(D), kept)
+            batch.run(q, self.key_cache, self.value_cache, out, 1.0 / np.sqrt(D), kept,
+                      **self.scales)
             outs[kept is not None] = out.float().cpu().numpy()
         return outs[True], outs[False]
 
@@ -410,6 +542,24 @@ def test_kept_means_equal_pooling_every_block(rng, device, dtype, mean_correctio
     assert d.blocks[:len(a.blocks) - 512 // BLOCK] == a.blocks[512 // BLOCK:]
     batch, _, _ = check_forward(pool, [(c, 300), (d, 200)], [1152, 768])
     check_selection(pool, batch, [c, d])
+
+
+def test_kept_means_over_an_fp8_cache(rng):
+    """The kept means of an FP8 cache are float32 (the means of the dequantized keys, which
+    the library rounds only after dividing by the descale), and a run through them is, bit for
+    bit, the run that pools every block: chunked prefill and a prefix-cache hit."""
+    pool = Pool(rng, 200, "cpu", torch.bfloat16, KEPT_SETTINGS, fp8_scales=FP8_SCALES)
+    assert pool.key_cache.dtype == torch.float8_e4m3fn and pool.kept.k.dtype == torch.float32
+    a, b = Seq(rng, 1100), Seq(rng, 700)
+    check_forward(pool, [(a, 600), (b, 300)], [0])
+    c = Seq(rng, 1000, prefix=a, prefix_len=512)
+    batch, q, out = check_forward(pool, [(a, 500), (b, 400), (c, 300)], [512, 0, 512])
+    rows = slice(int(batch.starts[0]), int(batch.starts[1]))
+    k8, v8 = (quantize(pool.tensor(getattr(a, x)), pool.scales[name])
+              for x, name in (("k", "k_scale"), ("v", "v_scale")))
+    want = fp.prefill(q[rows], k8, v8, k_descale=pool.scales["k_scale"],
+                      v_descale=pool.scales["v_scale"], **sparse_kwargs(KEPT_SETTINGS))
+    np.testing.assert_array_equal(out[rows], want.float().numpy())
 
 
 def test_kept_means_entries_per_cache_block(rng):

@@ -7,8 +7,15 @@ as SGLang's backends do and runs the plan on the pool's buffers in place. Everyt
 cannot compute is refused when the backend is built (`check_model_runner`), before the first
 request: MLA, cross attention (encoder-decoder models), encoder-only and bidirectional layers,
 sliding-window layers (and hybrid SWA pools), chunked local attention, logit softcapping,
-attention sinks, different K and V head sizes, quantized or FP8 KV caches, speculative decoding,
-and using it as the decode backend.
+attention sinks, different K and V head sizes, quantized KV caches other than FP8 e4m3 (FP4,
+e5m2), an FP8 KV cache under a float32 model, speculative decoding, and using it as the decode
+backend.
+
+FP8 KV caches (--kv-cache-dtype fp8_e4m3: the pool's dtype torch.float8_e4m3fn, stored as
+uint8): SGLang's set_kv_buffer writes k / layer.k_scale (no division when the layer has no
+scale) cast to e4m3; the library reads the pool's e4m3 view with layer.k_scale and
+layer.v_scale as descales (None is 1) and quantizes the bfloat16 / float16 q itself
+(docs/ALGORITHM.md "FP8 e4m3").
 """
 
 import logging
@@ -29,6 +36,7 @@ logger = logging.getLogger(__name__)
 _CUDA_DTYPES = (torch.bfloat16, torch.float16)
 _CPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _CUDA_HEAD_DIMS = (64, 128)
+_FP8_MODEL_DTYPES = (torch.bfloat16, torch.float16)  # of q over an FP8 e4m3 pool
 
 
 class UnsupportedModelError(ValueError):
@@ -79,18 +87,25 @@ def check_model_runner(runner):
     pool = runner.token_to_kv_pool
     if type(pool) is not MHATokenToKVPool:
         _refuse(f"the KV pool {type(pool).__name__} (the backend reads MHATokenToKVPool)")
-    if getattr(pool, "is_quantized_kv_cache", False) or pool.store_dtype != pool.dtype:
-        _refuse(f"a quantized KV cache ({pool.dtype})")
+    fp8 = pool.dtype == torch.float8_e4m3fn
+    if getattr(pool, "is_quantized_kv_cache", False):
+        _refuse(f"a quantized KV cache ({getattr(pool.quant_method, 'name', pool.dtype)})")
+    if pool.store_dtype != pool.dtype and not (fp8 and pool.store_dtype == torch.uint8):
+        _refuse(f"a KV cache in {pool.dtype} (the library's FP8 format is e4m3: "
+                f"torch.float8_e4m3fn)")
     if getattr(pool, "kv_cache_layout", "nhd") not in ("nhd", "hnd"):
         _refuse(f"the KV cache layout {pool.kv_cache_layout!r}")
     model_dtype = getattr(runner, "dtype", pool.dtype)
-    if pool.dtype != model_dtype:
+    if fp8 and model_dtype not in _FP8_MODEL_DTYPES:
+        _refuse(f"an FP8 KV cache for a model in {model_dtype} (the library quantizes "
+                f"bfloat16 or float16 queries over an e4m3 cache)")
+    if not fp8 and pool.dtype != model_dtype:
         _refuse(f"a KV cache in {pool.dtype} for a model in {model_dtype}")
     on_cuda = torch.device(runner.device).type == "cuda"
     if torch.device(runner.device).type not in ("cuda", "cpu"):
         _refuse(f"the device {runner.device!r}")
-    if pool.dtype not in (_CUDA_DTYPES if on_cuda else _CPU_DTYPES):
-        _refuse(f"the dtype {pool.dtype} on {runner.device}")
+    if model_dtype not in (_CUDA_DTYPES if on_cuda else _CPU_DTYPES):
+        _refuse(f"the dtype {model_dtype} on {runner.device}")
     if on_cuda:
         if pool.head_dim not in _CUDA_HEAD_DIMS:
             _refuse(f"head size {pool.head_dim} on CUDA (the kernels take {_CUDA_HEAD_DIMS})")
@@ -164,8 +179,11 @@ class FlashPrefillAttnBackend(AttentionBackend):
         out = q.new_empty((q.shape[0], heads_q * head_dim))
         key = paged_kv(self.token_to_kv_pool.get_key_buffer(layer.layer_id), self.page_size)
         value = paged_kv(self.token_to_kv_pool.get_value_buffer(layer.layer_id), self.page_size)
+        descales = {}
+        if key.dtype == torch.float8_e4m3fn:  # the scales set_kv_buffer divided by
+            descales = dict(k_descale=layer.k_scale, v_descale=layer.v_scale)
         metadata.run(q.reshape(-1, heads_q, head_dim), key, value, layer.scaling,
-                     layer_id=layer.layer_id, out=out.view(-1, heads_q, head_dim))
+                     layer_id=layer.layer_id, out=out.view(-1, heads_q, head_dim), **descales)
         return out
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

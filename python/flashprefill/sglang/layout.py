@@ -138,9 +138,10 @@ class ExtendAttention:
                 max_seqlen_q=max(short_q), max_seqlen_k=max(lengths_k[b] for b in short))
         self._plans = {}
 
-    def _plan(self, q, heads_kv, softmax_scale, dense, subset):
+    def _plan(self, q, k_pages, softmax_scale, dense, subset):
         _, heads_q, head_dim = q.shape
-        key = (heads_q, heads_kv, head_dim, q.dtype, softmax_scale, dense, subset)
+        heads_kv = k_pages.shape[2]
+        key = (heads_q, heads_kv, head_dim, q.dtype, k_pages.dtype, softmax_scale, dense, subset)
         plan = self._plans.get(key)
         if plan is None:
             meta = self.dense_subset if subset else dict(
@@ -151,13 +152,18 @@ class ExtendAttention:
                         meta["cu_seqlens_q"], meta["max_seqlen_q"], meta["max_seqlen_k"],
                         seqlens_k=meta["seqlens_k"], page_table=meta["page_table"],
                         softmax_scale=softmax_scale, config=self.config, dense=dense,
-                        validate_metadata=self.settings.validate_metadata)
+                        validate_metadata=self.settings.validate_metadata,
+                        kv_dtype=k_pages.dtype)
             self._plans[key] = plan
         return plan
 
-    def run(self, q, k_pages, v_pages, softmax_scale, layer_id=None, out=None):
+    def run(self, q, k_pages, v_pages, softmax_scale, layer_id=None, out=None, k_descale=None,
+            v_descale=None):
         """One layer: q [total_q, Hq, D]; k_pages, v_pages [num_pages, page_size, Hkv, D]
-        (`paged_kv` of the pool's buffers, the batch's new tokens already saved). Returns out
+        (`paged_kv` of the pool's buffers, the batch's new tokens already saved), in q's dtype
+        or float8_e4m3fn (an FP8 pool under a bfloat16 / float16 q, which the library
+        quantizes with max|q| / 448 per request and KV head); k_descale, v_descale: an FP8
+        pool's descales (the layer's k_scale / v_scale; None is 1). Returns out
         [total_q, Hq, D]."""
         if q.shape[0] != self.total_q:
             raise ValueError(f"q has {q.shape[0]} rows but the batch has {self.total_q} new "
@@ -165,12 +171,15 @@ class ExtendAttention:
         if k_pages.shape[1] != self.page_size:
             raise ValueError(f"KV pages of {k_pages.shape[1]} tokens, the batch's page size is "
                              f"{self.page_size}")
-        heads_kv = k_pages.shape[2]
         dense_layer = layer_id is not None and layer_id < self.settings.dense_layers
-        whole = self._plan(q, heads_kv, softmax_scale, self.all_dense or dense_layer, False)
-        out = whole.run(q, k_pages, v_pages, out=out)
+        descales = {}
+        if k_descale is not None or v_descale is not None:
+            descales = dict(k_descale=k_descale, v_descale=v_descale)
+        whole = self._plan(q, k_pages, softmax_scale, self.all_dense or dense_layer, False)
+        out = whole.run(q, k_pages, v_pages, out=out, **descales)
         if self.dense_rows is not None and not dense_layer:
             rows = self.dense_rows
-            exact = self._plan(q, heads_kv, softmax_scale, True, True)
-            out.index_copy_(0, rows, exact.run(q.index_select(0, rows), k_pages, v_pages))
+            exact = self._plan(q, k_pages, softmax_scale, True, True)
+            out.index_copy_(0, rows, exact.run(q.index_select(0, rows), k_pages, v_pages,
+                                               **descales))
         return out

@@ -10,6 +10,11 @@ the same cache layout convention as FLASH_ATTN (keys then values in a token's sl
 here, and every request through the library's CPU path (prefill block-sparse, decode exact),
 because CPU_ATTN's decode kernel reads only its own cache layout.
 
+FP8 KV caches (kv_cache_dtype "fp8" or "fp8_e4m3"; not "fp8_e5m2"): vLLM allocates the cache
+as uint8 and writes round_e4m3(x / scale) with the layer's _k_scale and _v_scale (1 unless the
+checkpoint carries scales); the library reads it as float8_e4m3fn with those scales as its
+descales, under a bfloat16 or float16 model (docs/ALGORITHM.md "FP8 e4m3").
+
 Settings: batch.Settings, read from FLASHPREFILL_* variables when a metadata builder is made.
 With FLASHPREFILL_KEEP_MEANS=1 every layer's impl keeps a batch.KeptMeans beside its cache: the
 cache update marks the written blocks' means stale, the forward pools only what is not current.
@@ -37,6 +42,24 @@ class FlashPrefillMetadata:
     num_actual_tokens: int
     batch: fp_batch.ForwardBatch
     decode: object = None
+
+
+FP8_KV_CACHE_DTYPES = ("fp8", "fp8_e4m3")
+
+
+def _is_fp8(kv_cache_dtype):
+    return kv_cache_dtype in FP8_KV_CACHE_DTYPES
+
+
+def refuse_fp8_under_float32(vllm_config):
+    """Raises ValueError for an FP8 KV cache under a float32 model: the library quantizes a
+    bfloat16 or float16 q over an e4m3 cache, not a float32 one."""
+    cache = getattr(getattr(vllm_config, "cache_config", None), "cache_dtype", "auto")
+    model = getattr(getattr(vllm_config, "model_config", None), "dtype", None)
+    if _is_fp8(cache) and model == torch.float32:
+        raise ValueError(f"{NAME}: the {cache} KV cache needs a bfloat16 or float16 model "
+                         f"(--dtype), not float32: the library computes an FP8 KV cache under "
+                         f"bfloat16 / float16 queries")
 
 
 def _refuse_unsupported(alibi_slopes, sliding_window, logits_soft_cap, attn_type, kwargs):
@@ -90,7 +113,8 @@ class FlashPrefillBackend(_Common, AttentionBackend):
     """`--attention-backend FLASHPREFILL` on CUDA (sm_90, bf16 / fp16, head size 64 / 128)."""
 
     supported_dtypes: ClassVar[list] = [torch.float16, torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16"]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float16", "bfloat16",
+                                                 *FP8_KV_CACHE_DTYPES]
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None):
@@ -149,6 +173,7 @@ class FlashPrefillMetadataBuilder(AttentionMetadataBuilder[FlashPrefillMetadata]
         from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadataBuilder
         self.settings = fp_batch.Settings.from_env()
         fp_batch.refuse_kept_means_with_kv_transfer(self.settings, vllm_config)
+        refuse_fp8_under_float32(vllm_config)
         self.decode_builder = FlashAttentionMetadataBuilder(kv_cache_spec, layer_names,
                                                             vllm_config, device)
         _ensure_reordered(self)
@@ -166,7 +191,7 @@ class FlashPrefillMetadataBuilder(AttentionMetadataBuilder[FlashPrefillMetadata]
 class _Impl(AttentionImpl):
     """The layer's shape; refuses what the library cannot compute."""
 
-    kv_cache_dtypes = ("auto", "float16", "bfloat16")
+    kv_cache_dtypes = ("auto", "float16", "bfloat16", *FP8_KV_CACHE_DTYPES)
 
     def __init__(self, num_heads, head_size, scale, num_kv_heads, alibi_slopes=None,
                  sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None,
@@ -174,12 +199,17 @@ class _Impl(AttentionImpl):
                  **kwargs):
         _refuse_unsupported(alibi_slopes, sliding_window, logits_soft_cap, attn_type,
                             dict(kwargs, kv_sharing_target_layer_name=kv_sharing_target_layer_name))
+        if kv_cache_dtype == "fp8_e5m2":
+            raise NotImplementedError(f"{NAME} does not support the fp8_e5m2 KV cache: the "
+                                      f"library's FP8 format is e4m3 (kv_cache_dtype fp8 or "
+                                      f"fp8_e4m3)")
         if kv_cache_dtype not in self.kv_cache_dtypes:
             raise NotImplementedError(f"{NAME} does not support the {kv_cache_dtype} KV cache "
                                       f"(only {', '.join(self.kv_cache_dtypes)})")
         self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
+        self.fp8 = _is_fp8(kv_cache_dtype)
         self.attn_type = attn_type
         self.settings = fp_batch.Settings.from_env()  # the builders' settings, read alike
         self.kept_means = None  # batch.KeptMeans of this layer's cache (keep_means)
@@ -208,11 +238,16 @@ class _Impl(AttentionImpl):
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
         if attn_metadata.decode is not None:
-            self.decode_impl.forward(layer, query, key, value, kv_cache, attn_metadata.decode,
-                                     output)
+            self.decode_impl.forward(layer, self._decode_query(layer, query, attn_metadata),
+                                     key, value, kv_cache, attn_metadata.decode, output)
         key_cache, value_cache = fp_batch.kv_views(kv_cache, self.head_size)
+        # An FP8 cache: the layer's cache scales are its descales; q stays in the model's
+        # dtype (supports_quant_query_input is False, so the layer does not quantize it) and
+        # the library quantizes it with max|q| / 448 per request and KV head, not with
+        # layer._q_scale, which is 1 unless the checkpoint calibrated one.
+        scales = dict(k_scale=layer._k_scale, v_scale=layer._v_scale) if self.fp8 else {}
         attn_metadata.batch.run(query, key_cache, value_cache, output, self.scale,
-                                self._kept_means(key_cache))
+                                self._kept_means(key_cache), **scales)
         return output
 
 
@@ -229,6 +264,20 @@ class FlashPrefillImpl(_Impl):
     def get_impl_variants(self):
         return (self, self.decode_impl)
 
+    def _decode_query(self, layer, query, attn_metadata):
+        """The decode rows of query as FlashAttention takes them: over an FP8 cache, a
+        FlashAttention that takes a quantized query gets it quantized with layer._q_scale as
+        vLLM's attention layer quantizes it for FLASH_ATTN (QuantFP8: x * (1 / scale), saturating
+        at the e4m3 range); otherwise query as it is."""
+        if not (self.fp8 and self.decode_impl.supports_quant_query_input):
+            return query
+        scale = layer._q_scale
+        if scale.numel() != 1:
+            raise NotImplementedError(f"{NAME}: per-head query scales over an FP8 KV cache")
+        rows = query[:attn_metadata.batch.num_decode_tokens].to(torch.float32)
+        return (rows * scale.to(torch.float32).reciprocal()).clamp(-448.0, 448.0).to(
+            torch.float8_e4m3fn)
+
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
         self.decode_impl.do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         self._invalidate_kept_means(kv_cache, slot_mapping)
@@ -239,7 +288,8 @@ class FlashPrefillCPUBackend(_Common, AttentionBackend):
     docstring); float32, bfloat16 and float16."""
 
     supported_dtypes: ClassVar[list] = [torch.float32, torch.bfloat16, torch.float16]
-    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float32", "float16", "bfloat16"]
+    supported_kv_cache_dtypes: ClassVar[list] = ["auto", "float32", "float16", "bfloat16",
+                                                 *FP8_KV_CACHE_DTYPES]
 
     @staticmethod
     def get_supported_kernel_block_sizes(kv_cache_spec=None):
@@ -261,6 +311,7 @@ class FlashPrefillCPUMetadataBuilder(AttentionMetadataBuilder[FlashPrefillMetada
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.settings = fp_batch.Settings.from_env()
         fp_batch.refuse_kept_means_with_kv_transfer(self.settings, vllm_config)
+        refuse_fp8_under_float32(vllm_config)
         _ensure_reordered(self)
 
     def build(self, common_prefix_len, common_attn_metadata, fast_build=False):
@@ -272,9 +323,10 @@ class FlashPrefillCPUMetadataBuilder(AttentionMetadataBuilder[FlashPrefillMetada
 class FlashPrefillCPUImpl(_Impl):
     """Every row through the library's CPU path; writes the cache itself (batch.write_kv)."""
 
-    kv_cache_dtypes = ("auto", "float32", "float16", "bfloat16")
+    kv_cache_dtypes = ("auto", "float32", "float16", "bfloat16", *FP8_KV_CACHE_DTYPES)
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
         key_cache, value_cache = fp_batch.kv_views(kv_cache, self.head_size)
-        fp_batch.write_kv(key, value, key_cache, value_cache, slot_mapping)
+        scales = dict(k_scale=layer._k_scale, v_scale=layer._v_scale) if self.fp8 else {}
+        fp_batch.write_kv(key, value, key_cache, value_cache, slot_mapping, **scales)
         self._invalidate_kept_means(kv_cache, slot_mapping)

@@ -14,7 +14,9 @@ reorder_batch_threshold = 1:
     block_table [R, max_blocks] int32: key j of request r is row j % block_size of pool block
         block_table[r, j // block_size]; it is the library's page table as it is.
     key_cache, value_cache: [num_blocks, block_size, Hkv, D] views of the layer's cache (any
-        strides, head dimension contiguous), read in place: nothing is copied.
+        strides, head dimension contiguous), read in place: nothing is copied. An FP8 cache
+        (kv_cache_dtype "fp8" / "fp8_e4m3", which vLLM allocates as uint8) is viewed as
+        float8_e4m3fn, with the layer's k_scale and v_scale as its descales.
 
 ForwardBatch splits the requests into parts, each one library plan built at the first layer
 that runs the forward and reused by every other layer (they share the shapes and the
@@ -124,7 +126,7 @@ class Part:
 
     def plan(self, q, key_cache, softmax_scale, config):
         """The part's plan for this cache and scale (built once, then reused)."""
-        key = (q.dtype, tuple(key_cache.shape), float(softmax_scale))
+        key = (q.dtype, key_cache.dtype, tuple(key_cache.shape), float(softmax_scale))
         plan = self._plans.get(key)
         if plan is None:
             num_heads_kv, head_dim = key_cache.shape[2:]
@@ -132,7 +134,8 @@ class Part:
                         self.cu_seqlens_q, self.max_seqlen_q, self.max_seqlen_k,
                         seqlens_k=self.seqlens_k, page_table=self.page_table,
                         softmax_scale=softmax_scale, config=None if self.dense else config,
-                        dense=self.dense, validate_metadata=q.device.type != "cuda")
+                        dense=self.dense, validate_metadata=q.device.type != "cuda",
+                        kv_dtype=key_cache.dtype)
             self._plans[key] = plan
         return plan
 
@@ -147,19 +150,20 @@ class Part:
             self._mean_rows[key] = rows
         return rows
 
-    def run(self, plan, q, key_cache, value_cache, out, kept):
+    def run(self, plan, q, key_cache, value_cache, out, kept, descales):
         """The part's attention into out (rows, or the scattered token_index rows); with a
-        KeptMeans for the sparse part, through the kept means."""
+        KeptMeans for the sparse part, through the kept means; descales: the keyword
+        arguments k_descale, v_descale of an FP8 cache (else empty)."""
         means = pooled_keys = mean_rows = None
         if kept is not None and not self.dense:
             mean_rows = self.mean_rows(kept, plan.means_shape[2])
             means, pooled_keys = kept.gather(mean_rows)
         if self.rows is not None:
             plan.run(q[self.rows], key_cache, value_cache, out=out[self.rows], means=means,
-                     pooled_keys=pooled_keys)
+                     pooled_keys=pooled_keys, **descales)
         else:
             result = plan.run(q.index_select(0, self.token_index), key_cache, value_cache,
-                              means=means, pooled_keys=pooled_keys)
+                              means=means, pooled_keys=pooled_keys, **descales)
             out.index_copy_(0, self.token_index, result)
         if mean_rows is not None:
             kept.store(mean_rows, means)
@@ -221,16 +225,23 @@ class ForwardBatch:
                            seq_host, self.block_table, block_table.device)
                       for mask, is_dense in ((sparse, False), (dense, True)) if mask.any()]
 
-    def run(self, q, key_cache, value_cache, out, softmax_scale, kept=None):
+    def run(self, q, key_cache, value_cache, out, softmax_scale, kept=None, k_scale=None,
+            v_scale=None):
         """Writes the attention of every part's rows into out (other rows are left alone).
 
         q [>= num_tokens, Hq, D], out likewise (head dimension contiguous); key_cache and
-        value_cache [num_blocks, block_size, Hkv, D] in q's dtype and place; kept: the layer's
-        KeptMeans (for this cache, under these settings' block size and mean correction), or
-        None to pool every block."""
+        value_cache [num_blocks, block_size, Hkv, D] in q's dtype and place, or float8_e4m3fn
+        (an FP8 cache under a bfloat16 / float16 q); kept: the layer's KeptMeans (for this
+        cache, under these settings' block size and mean correction), or None to pool every
+        block; k_scale, v_scale: an FP8 cache's descales (the layer's _k_scale and _v_scale,
+        float32 of one element, on q's device); q is quantized by the library, with
+        max|q| / 448 per request and KV head (docs/ALGORITHM.md "FP8 e4m3")."""
+        descales = {}
+        if k_scale is not None or v_scale is not None:
+            descales = dict(k_descale=k_scale, v_descale=v_scale)
         for part in self.parts:
             part.run(part.plan(q, key_cache, softmax_scale, self.config), q, key_cache,
-                     value_cache, out, kept)
+                     value_cache, out, kept, descales)
         return out
 
 
@@ -252,13 +263,16 @@ class KeptMeans:
     every filled block's mean back as current (store). So preemption, block reuse and prefix
     caching need no bookkeeping: whatever was not pooled since its cache block was last
     written is pooled again. Means are stored rounded to the cache dtype, which is exact
-    (every consumer of a mean rounds it to the problem's dtype first, docs/ALGORITHM.md).
+    (every consumer of a mean rounds it to the problem's dtype first, docs/ALGORITHM.md); for
+    an FP8 cache they are stored in float32 (its consumers round a mean divided by the
+    descale, so a mean rounded to e4m3 would not do), 4 / cache block size of the cache's
+    bytes per kept tensor.
 
     Attributes:
         page_size, block_size, ends: the cache's block size, the selection block, entries per
             cache block.
-        k, v: [num_blocks * ends + 1, Hkv, D] in the cache's dtype and place; v is None
-            without mean correction. The last row (`scratch`) takes the reads and writes of
+        k, v: [num_blocks * ends + 1, Hkv, D] in the cache's dtype (float32 for an e4m3
+            cache) and place; v is None without mean correction. The last row (`scratch`) takes the reads and writes of
             blocks a request does not fill and is never current.
         current: [num_blocks * ends + 1] bool.
     """
@@ -270,7 +284,8 @@ class KeptMeans:
         self.ends = -(-self.page_size // self.block_size)
         self.scratch = int(num_blocks) * self.ends
         shape = (self.scratch + 1, heads, dim)
-        self.k = torch.zeros(shape, dtype=key_cache.dtype, device=key_cache.device)
+        dtype = torch.float32 if key_cache.dtype == torch.float8_e4m3fn else key_cache.dtype
+        self.k = torch.zeros(shape, dtype=dtype, device=key_cache.device)
         self.v = torch.zeros_like(self.k) if mean_correction else None
         self.current = torch.zeros(self.scratch + 1, dtype=torch.bool, device=key_cache.device)
         self._cache = (key_cache.data_ptr(), tuple(key_cache.shape), key_cache.dtype)
@@ -343,10 +358,12 @@ def refuse_kept_means_with_kv_transfer(settings, vllm_config):
                          f"the KV it loads")
 
 
-def write_kv(key, value, key_cache, value_cache, slot_mapping):
+def write_kv(key, value, key_cache, value_cache, slot_mapping, k_scale=None, v_scale=None):
     """Stores key, value [>= n, Hkv, D] of the n = len(slot_mapping) new tokens at their slots
     (block = slot // block_size, row = slot % block_size; negative slots are skipped), in
-    place in caches of any strides."""
+    place in caches of any strides. A float8_e4m3fn cache stores round_e4m3(x / scale),
+    saturating at +-448, with k_scale / v_scale (a number or a one-element tensor) as the scales: what
+    vLLM's reshape_and_cache_flash writes for kv_cache_dtype "fp8"."""
     torch = _torch()
     n = slot_mapping.shape[0]
     slots = slot_mapping.to(torch.int64)
@@ -359,18 +376,33 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping):
     else:
         key, value = key[:n], value[:n]
     blocks, rows = slots // block_size, slots % block_size
-    key_cache[blocks, rows] = key.to(key_cache.dtype)
-    value_cache[blocks, rows] = value.to(value_cache.dtype)
+    key_cache[blocks, rows] = _stored(key, key_cache.dtype, k_scale, "k_scale")
+    value_cache[blocks, rows] = _stored(value, value_cache.dtype, v_scale, "v_scale")
+
+
+def _stored(x, dtype, scale, name):
+    """x as a cache of `dtype` stores it (quantized with `scale` for float8_e4m3fn)."""
+    torch = _torch()
+    if dtype != torch.float8_e4m3fn:
+        return x.to(dtype)
+    if scale is None:
+        raise ValueError(f"{name}: an FP8 cache needs its scale")
+    scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
+    return (x.to(torch.float32) / scale).clamp(-448.0, 448.0).to(dtype)
 
 
 def kv_views(kv_cache, head_size):
     """vLLM's per-layer cache [num_blocks, Hkv, block_size, 2 * head_size] (logical shape, any
     physical layout) as key and value views [num_blocks, block_size, Hkv, head_size]: keys
     are the first head_size channels of a token's slot, values the last (FLASH_ATTN's
-    convention). No copy."""
+    convention). No copy. A uint8 cache is vLLM's FP8 cache, viewed as float8_e4m3fn (the
+    backends take kv_cache_dtype "fp8" and "fp8_e4m3" only)."""
     if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_size:
         raise ValueError(f"kv_cache: expected [num_blocks, Hkv, block_size, 2 * {head_size}], "
                          f"got {tuple(kv_cache.shape)}")
+    torch = _torch()
+    if kv_cache.dtype == torch.uint8:
+        kv_cache = kv_cache.view(torch.float8_e4m3fn)
     key_cache, value_cache = kv_cache.transpose(1, 2).split(head_size, dim=-1)
     return key_cache, value_cache
 
