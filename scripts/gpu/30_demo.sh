@@ -18,7 +18,7 @@ timeout "$(step_limit 120 40)" "$BUILD_DIR/flashprefill" demo --device cuda --se
 timeout "$(step_limit 120 40)" "$BUILD_DIR/flashprefill" demo --device cuda --dtype fp8 --seqlen 32768 2>&1 | tee "$LOG_DIR/demo_fp8.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 tests=()
-for t in torch torch_ops plan hf vllm_batch sglang_layout fp8; do
+for t in torch torch_ops torch_ops_fp8 plan hf vllm_batch sglang_layout fp8; do
   [ -f "python/tests/test_$t.py" ] && tests+=("python/tests/test_$t.py")
 done
 PYTHONPATH=python FLASHPREFILL_LIB=$BUILD_DIR/libflashprefill.so timeout "$(step_limit 240)" \
