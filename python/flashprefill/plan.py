@@ -92,6 +92,9 @@ class Plan:
         kv_dtype: the dtype of k and v when it is not `dtype`: torch.float8_e4m3fn (numpy:
             ml_dtypes.float8_e4m3fn) under a bfloat16 or float16 dtype is an FP8 KV cache
             (docs/ALGORITHM.md "FP8 e4m3"); run() then takes its descales. None means `dtype`.
+        total_k: paged KV: a Python int bounding the sum of seqlens_k (checked where the lengths
+            are validated). The CUDA FP8 attention gathers the pages into its workspace, sized by
+            it; None sets aside batch * max_seqlen_k rows.
 
     Attention is causal and bottom-right aligned: a request's queries are its last L_q keys.
     """
@@ -99,7 +102,7 @@ class Plan:
     def __init__(self, num_heads_q, num_heads_kv, head_dim, dtype, device, cu_seqlens_q,
                  max_seqlen_q, max_seqlen_k, *, cu_seqlens_k=None, seqlens_k=None,
                  page_table=None, softmax_scale=None, config=None, dense=False,
-                 validate_metadata=True, tuning=None, kv_dtype=None):
+                 validate_metadata=True, tuning=None, kv_dtype=None, total_k=None):
         dtype, device = _place(dtype, device)
         like = _Like(dtype, device)
         self._like = like
@@ -163,8 +166,17 @@ class Plan:
             c.kv_layout = _lib.KvLayout.PAGED
             c.page_table, c.max_pages_per_seq, c.seqlens_k = (table.ptr, table.shape[1],
                                                               lengths.ptr)
+            if total_k is not None:
+                if not isinstance(total_k, (int, np.integer)) or isinstance(total_k, bool):
+                    raise TypeError(f"total_k: expected a Python int, got "
+                                    f"{type(total_k).__name__}")
+                if not 0 < total_k < 2**62:
+                    raise ValueError(f"total_k must lie in (0, 2^62), got {total_k}")
+                c.total_k = int(total_k)
             self._metadata += [table, lengths]
         else:
+            if total_k is not None:
+                raise ValueError("total_k applies to paged KV (contiguous KV: k's rows)")
             cu_k, _ = _arrays.int32_metadata(cu_seqlens_k, like, "cu_seqlens_k")
             if cu_k.shape != cu_q.shape:
                 raise ValueError(f"cu_seqlens_k has shape {cu_k.shape} but cu_seqlens_q has "

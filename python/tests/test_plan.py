@@ -97,6 +97,28 @@ def test_paged_run_equals_contiguous(rng, page_size):
     np.testing.assert_array_equal(out, expected)
 
 
+def test_paged_total_k_bounds_the_keys(rng):
+    """total_k bounds the paged requests' keys: the exact sum runs as without it, one key less
+    is the library's error, and contiguous KV takes none."""
+    q, k, v, cu_q, cu_k = contiguous_problem(rng)
+    k_cache, v_cache, table, lens = paged(k, v, cu_k, 16, rng)
+    keys = int(np.asarray(lens).sum())
+    want = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, seqlens_k=lens,
+                   page_table=table, config=CONFIG).run(q, k_cache, v_cache)
+    got = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, seqlens_k=lens, page_table=table,
+                  config=CONFIG, total_k=keys).run(q, k_cache, v_cache)
+    np.testing.assert_array_equal(got, want)
+    short = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, seqlens_k=lens,
+                    page_table=table, config=CONFIG, total_k=keys - 1)
+    with pytest.raises(fp.FlashPrefillError, match=f"more than total_k = {keys - 1}"):
+        short.run(q, k_cache, v_cache)
+    with pytest.raises(ValueError, match="total_k applies to paged KV"):
+        fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k, total_k=keys)
+    with pytest.raises(ValueError, match="total_k must lie in"):
+        fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, seqlens_k=lens, page_table=table,
+                total_k=0)
+
+
 def test_run_rejects_what_does_not_fit(rng):
     q, k, v, cu_q, cu_k = contiguous_problem(rng)
     plan = fp.Plan(4, 2, 32, np.float32, None, cu_q, 300, 700, cu_seqlens_k=cu_k)

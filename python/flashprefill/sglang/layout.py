@@ -114,6 +114,7 @@ class ExtendAttention:
         self.total_q = sum(lengths_q)
         self.max_seqlen_q = max(lengths_q, default=0)
         self.max_seqlen_k = max(lengths_k, default=0)
+        self.total_k = sum(lengths_k)  # sizes a gathered FP8 cache
         self.seqlens_k = seq_lens.to(torch.int32)
         self.cu_seqlens_q = torch.nn.functional.pad(
             torch.cumsum(extend_seq_lens.to(torch.int32), 0, dtype=torch.int32), (1, 0))
@@ -135,7 +136,8 @@ class ExtendAttention:
                                           dtype=torch.int32, device=device),
                 seqlens_k=self.seqlens_k.index_select(0, picked),
                 page_table=self.page_table.index_select(0, picked),
-                max_seqlen_q=max(short_q), max_seqlen_k=max(lengths_k[b] for b in short))
+                max_seqlen_q=max(short_q), max_seqlen_k=max(lengths_k[b] for b in short),
+                total_k=sum(lengths_k[b] for b in short))
         self._plans = {}
 
     def _plan(self, q, k_pages, softmax_scale, dense, subset):
@@ -147,13 +149,13 @@ class ExtendAttention:
             meta = self.dense_subset if subset else dict(
                 cu_seqlens_q=self.cu_seqlens_q, seqlens_k=self.seqlens_k,
                 page_table=self.page_table, max_seqlen_q=self.max_seqlen_q,
-                max_seqlen_k=self.max_seqlen_k)
+                max_seqlen_k=self.max_seqlen_k, total_k=self.total_k)
             plan = Plan(heads_q, heads_kv, head_dim, q.dtype, q.device,
                         meta["cu_seqlens_q"], meta["max_seqlen_q"], meta["max_seqlen_k"],
                         seqlens_k=meta["seqlens_k"], page_table=meta["page_table"],
                         softmax_scale=softmax_scale, config=self.config, dense=dense,
                         validate_metadata=self.settings.validate_metadata,
-                        kv_dtype=k_pages.dtype)
+                        kv_dtype=k_pages.dtype, total_k=max(meta["total_k"], 1))
             self._plans[key] = plan
         return plan
 

@@ -104,6 +104,7 @@ class Part:
         self.cu_seqlens_q = torch.from_numpy(cu).to(device)
         self.max_seqlen_q = int(lens.max())
         self.max_seqlen_k = int(seq_lens_host[requests].max())
+        self.total_k = int(seq_lens_host[requests].sum())  # sizes a gathered FP8 cache
         if consecutive:
             self.rows = slice(int(starts[first]), int(starts[last] + lens_q[last]))
             self.token_index = None
@@ -135,7 +136,7 @@ class Part:
                         seqlens_k=self.seqlens_k, page_table=self.page_table,
                         softmax_scale=softmax_scale, config=None if self.dense else config,
                         dense=self.dense, validate_metadata=q.device.type != "cuda",
-                        kv_dtype=key_cache.dtype)
+                        kv_dtype=key_cache.dtype, total_k=max(self.total_k, 1))
             self._plans[key] = plan
         return plan
 
