@@ -719,6 +719,7 @@ struct Variant {
   bool bf16_q = false;     // a bfloat16 q (the dequantized q in bf16) over the e4m3 cache
   bool dynamic_q = false;  // with bf16_q: q_descale NULL (c_q = max|q| / 448, the library's)
   int splits = 0;          // tuning.num_splits (0: the heuristic)
+  bool bound_keys = false; // paged: total_k given (the sum of seqlens_k), else 0 (unbounded)
 };
 
 // The host tensors of a variant: the bf16 q, the paged pools and their table.
@@ -784,7 +785,7 @@ fp_problem variant_problem(const Inputs& in, const Variant& var, const Layout& l
   }
   if (var.page_size > 0) {
     p.kv_layout = FP_KV_PAGED;
-    p.total_k = 0;
+    p.total_k = var.bound_keys ? in.total_k : 0;
     p.cu_seqlens_k = nullptr;
     p.num_pages = l.num_pages;
     p.page_size = var.page_size;
@@ -1120,6 +1121,7 @@ int main(int argc, char** argv) {
       {"bf16 q over the e4m3 cache, dynamic c_q", 0, true, true},
       {"bf16 q over the e4m3 cache, given c_q", 0, true, false},
       {"3 KV splits", 0, false, false, 3},
+      {"paged 32, total_k given, 3 KV splits", 32, false, false, 3, true},
       {"paged 48, bf16 q (dynamic c_q), 2 KV splits", 48, true, true, 2},
   };
   if (small_only) check_variant(shapes[2], variants.back());
