@@ -29,7 +29,8 @@ using namespace cute;
 // e4m3 operands (kFp8, Eq. 15; docs/KERNEL.md "FP8 e4m3"): FP8 wgmma takes both operands K-major,
 // so V comes transposed (keys contiguous) from the transpose step of transpose_v.cuh, with the
 // keys of every 32-key group permuted so that the S accumulator, converted to e4m3 in place, is
-// already the A operand of P V (fp8.hpp). Contiguous KV only, every tile by TMA.
+// already the A operand of P V (fp8.hpp). Contiguous KV (a paged cache is gathered into it by
+// the transpose step), every tile by TMA.
 template <class Element_, int kHeadDim_, KvLayout kLayout>
 struct KernelTraits {
   using Element = Element_;
@@ -39,7 +40,7 @@ struct KernelTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPaged = kLayout != KvLayout::kContiguous;
   static constexpr bool kRuns = kLayout == KvLayout::kPagedRuns;
-  static_assert(!kFp8 || !kPaged, "e4m3: contiguous KV only so far");
+  static_assert(!kFp8 || !kPaged, "e4m3: contiguous KV (a paged cache is gathered first)");
   static constexpr int kBlockM = kTileRows;   // PackGQA rows per query tile
   static constexpr int kTilesPerStage = 2;
   static constexpr int kBlockN = kTilesPerStage * kKvTile;  // keys per stage
