@@ -349,20 +349,9 @@ fp_problem fp8_problem(const Inputs& in, fp_device device, const void* q, const 
   return p;
 }
 
-// The CPU FP8 reference (Eq. 15, the same stages), bf16 output.
-Result cpu_fp8(const Inputs& in, const Csr* csr) {
-  const std::vector<float> descales = descale_values(in);
-  const fp_problem p = fp8_problem(in, FP_DEVICE_CPU, in.q.bits.data(), in.k.bits.data(),
-                                   in.v.bits.data(), in.cu_q.data(), in.cu_k.data(),
-                                   descales.data());
-  std::vector<uint16_t> bits(in.q.bits.size());
-  Result r;
-  r.lse.resize(size_t(in.total_q) * in.shape.heads_q);
-  const fp_output o = output_of(in, bits.data(), r.lse.data());
-  cpu_attend(p, o, csr);
-  r.out = bf16_values(bits);
-  return r;
-}
+// The CPU FP8 reference (Eq. 15, the same stages), bf16 output: cpu_variant of e4m3 q/k/v over
+// contiguous KV.
+Result cpu_fp8(const Inputs& in, const Csr* csr);
 
 // The index with mean correction: the block means of the e4m3 problem, pooled by the library
 // on the CPU (float32 means of the dequantized K/V), which every reference and the CUDA call read.
@@ -815,6 +804,8 @@ Result cpu_variant(const Inputs& in, const Variant& var, const Layout& l, const 
   r.out = bf16_values(bits);
   return r;
 }
+
+Result cpu_fp8(const Inputs& in, const Csr* csr) { return cpu_variant(in, Variant{}, Layout{}, csr); }
 
 // An index built on CUDA (fp_build_index), in device buffers, and its host copy.
 struct DeviceIndex {
