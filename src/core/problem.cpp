@@ -182,8 +182,8 @@ fp_status validate_tuning(const fp_problem& p) {
 // fp_pool_kv) and the attention calls (fp_dense_attention, fp_sparse_attention, fp_prefill and
 // their size queries) run the e4m3 kernels, which take e4m3 q, k and v, or a bf16/fp16 q over
 // e4m3 K/V (quantized to e4m3 in the workspace first, cuda/quantize/quantize_q.hpp),
-// contiguous or paged KV (a paged cache gathered into the workspace), a bfloat16 output and
-// e4m3 rows of whole 16-byte chunks (a bf16/fp16 q: of 8 elements). The index size and density
+// contiguous or paged KV (a paged cache gathered into the workspace), a bfloat16 or float16
+// output and e4m3 rows of whole 16-byte chunks (a bf16/fp16 q: of 8 elements). The index size and density
 // queries launch nothing and take any FP8 problem. Checked before the device is, so that every
 // build refuses alike.
 fp_status check_cuda_fp8(const fp_problem& p, const Fp8Info& fp8, Entry entry) {
@@ -224,10 +224,6 @@ fp_status check_cuda_fp8(const fp_problem& p, const Fp8Info& fp8, Entry entry) {
     case Entry::kDenseAttention:
       break;
   }
-  if (fp8.out_dtype != FP_BFLOAT16)
-    return unsupported(format("FP8 e4m3 on CUDA: the attention kernel writes bfloat16, not %s "
-                              "(out_dtype)",
-                              dtype_name(fp8.out_dtype)));
   if (fp_status s = chunks(q, fp8.quantize_q ? 8 : 16); s != FP_OK) return s;
   for (const Operand& t : kv)
     if (fp_status s = chunks(t, 16); s != FP_OK) return s;

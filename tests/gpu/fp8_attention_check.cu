@@ -14,6 +14,7 @@
 // Usage: fp_gpu_fp8_check [seed [small]] ("small": three shapes, no graph or timing, for
 // sanitizers).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -709,7 +710,20 @@ struct Variant {
   bool dynamic_q = false;  // with bf16_q: q_descale NULL (c_q = max|q| / 448, the library's)
   int splits = 0;          // tuning.num_splits (0: the heuristic)
   bool bound_keys = false; // paged: total_k given (the sum of seqlens_k), else 0 (unbounded)
+  bool fp16 = false;       // with bf16_q: the q in float16, and a float16 output
 };
+
+// The 16-bit output of a variant as floats.
+std::vector<float> out_values(const std::vector<uint16_t>& bits, bool fp16) {
+  if (!fp16) return bf16_values(bits);
+  std::vector<float> f(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) {
+    __half h;
+    std::memcpy(&h, &bits[i], 2);
+    f[i] = __half2float(h);
+  }
+  return f;
+}
 
 // The host tensors of a variant: the bf16 q, the paged pools and their table.
 struct Layout {
@@ -723,7 +737,14 @@ Layout make_layout(const Inputs& in, const Variant& var) {
   Layout l;
   if (var.bf16_q) {
     l.q16.resize(in.q.bits.size());
-    for (size_t i = 0; i < l.q16.size(); ++i) l.q16[i] = bf16_bits(in.q.value(i));
+    for (size_t i = 0; i < l.q16.size(); ++i) {
+      if (!var.fp16) {
+        l.q16[i] = bf16_bits(in.q.value(i));
+        continue;
+      }
+      const __half h = __float2half_rn(in.q.value(i));
+      std::memcpy(&l.q16[i], &h, 2);
+    }
   }
   if (var.page_size > 0) {
     const int P = var.page_size, B = int(in.shape.len_kv.size());
@@ -765,7 +786,8 @@ fp_problem variant_problem(const Inputs& in, const Variant& var, const Layout& l
   fp_problem p = fp8_problem(in, device, ptr.q, ptr.k, ptr.v, ptr.cu_q, ptr.cu_k, ptr.descales);
   p.tuning.num_splits = var.splits;
   if (var.bf16_q) {
-    p.dtype = FP_BFLOAT16;
+    p.dtype = var.fp16 ? FP_FLOAT16 : FP_BFLOAT16;
+    p.out_dtype = var.fp16 ? FP_FLOAT16 : FP_BFLOAT16;
     p.kv_dtype = FP_FLOAT8_E4M3;
     if (var.dynamic_q) {
       p.q_descale = nullptr;
@@ -801,7 +823,7 @@ Result cpu_variant(const Inputs& in, const Variant& var, const Layout& l, const 
   r.lse.resize(size_t(in.total_q) * in.shape.heads_q);
   const fp_output o = output_of(in, bits.data(), r.lse.data());
   cpu_attend(p, o, csr);
-  r.out = bf16_values(bits);
+  r.out = out_values(bits, var.fp16);
   return r;
 }
 
@@ -857,16 +879,18 @@ struct VariantCall {
                        cu_q.ptr, cu_k.ptr, page_table.ptr, seqlens_k.ptr, descales.ptr};
     p = variant_problem(in, var, l, FP_DEVICE_CUDA, ptr);
     o = output_of(in, out.ptr, lse.ptr);
+    fp16_out = var.fp16;
   }
+  bool fp16_out = false;
   void room(size_t bytes) {
     if (workspace.count < bytes) workspace.resize(bytes);
   }
   cudaStream_t stream() const { return static_cast<cudaStream_t>(p.stream); }
   Result result(const char* what) {
     finish(what, stream());
-    return {bf16_values(out.download()), lse.download()};
+    return {out_values(out.download(), fp16_out), lse.download()};
   }
-  void poison() {
+  void poison() {  // NaN in bf16 and fp16
     CUDA_OK(cudaMemsetAsync(out.ptr, 0xFF, out.count * 2, stream()));
     CUDA_OK(cudaMemsetAsync(lse.ptr, 0xFF, lse.count * 4, stream()));
   }
@@ -1113,6 +1137,7 @@ int main(int argc, char** argv) {
       {"bf16 q over the e4m3 cache, given c_q", 0, true, false},
       {"3 KV splits", 0, false, false, 3},
       {"paged 32, total_k given, 3 KV splits", 32, false, false, 3, true},
+      {"paged 16, fp16 q (dynamic c_q), fp16 output", 16, true, true, 0, false, true},
       {"paged 48, bf16 q (dynamic c_q), 2 KV splits", 48, true, true, 2},
   };
   if (small_only) check_variant(shapes[2], variants.back());

@@ -329,11 +329,16 @@ cudaError_t launch_kernel(const AttentionParams& a, bool bf16, int head_dim, cud
               : launch_attention<cutlass::half_t, 64, kLayout>(a, stream);
 }
 
-// The e4m3 kernel (contiguous KV) of this head dimension (128 or 64).
-cudaError_t launch_e4m3_kernel(const AttentionParams& a, int head_dim, cudaStream_t stream) {
+// The e4m3 kernel (contiguous KV) of this head dimension (128 or 64), writing bf16 or fp16.
+cudaError_t launch_e4m3_kernel(const AttentionParams& a, int head_dim, bool fp16_out,
+                               cudaStream_t stream) {
   using attention::KvLayout;
   using attention::launch_attention;
   using E4m3 = cutlass::float_e4m3_t;
+  using Half = cutlass::half_t;
+  if (fp16_out)
+    return head_dim == 128 ? launch_attention<E4m3, 128, KvLayout::kContiguous, Half>(a, stream)
+                           : launch_attention<E4m3, 64, KvLayout::kContiguous, Half>(a, stream);
   return head_dim == 128 ? launch_attention<E4m3, 128, KvLayout::kContiguous>(a, stream)
                          : launch_attention<E4m3, 64, KvLayout::kContiguous>(a, stream);
 }
@@ -622,7 +627,8 @@ fp_status run(const ProblemInfo& info, const AttentionLaunch& launch, int32_t ra
     if (const cudaError_t e = attention::launch_prepare_schedule(a, stream); e != cudaSuccess)
       return fail(FP_ERROR_CUDA,
                   std::string("scheduler preparation failed: ") + cudaGetErrorString(e));
-    err = e4m3         ? launch_e4m3_kernel(a, p.head_dim, stream)
+    err = e4m3         ? launch_e4m3_kernel(a, p.head_dim, info.fp8.out_dtype == FP_FLOAT16,
+                                            stream)
           : !a.paged   ? launch_kernel<KvLayout::kContiguous>(a, bf16, p.head_dim, stream)
           : a.tma_runs ? launch_kernel<KvLayout::kPagedRuns>(a, bf16, p.head_dim, stream)
                        : launch_kernel<KvLayout::kPaged>(a, bf16, p.head_dim, stream);

@@ -22,7 +22,7 @@ namespace flashprefill::cuda::attention {
 using namespace cute;
 
 // Element: the operand type of Q, K, V and P on the tensor cores; ElementOut: the output's (the
-// same 16-bit type, or bf16 for e4m3 operands). kLayout: contiguous KV, a paged cache (params'
+// same 16-bit type; for e4m3 operands bf16, or fp16 when asked). kLayout: contiguous KV, a paged cache (params'
 // paged), or a paged cache with the run table (params' tma_runs); a kernel each (params.hpp
 // KvLayout).
 //
@@ -31,11 +31,14 @@ using namespace cute;
 // keys of every 32-key group permuted so that the S accumulator, converted to e4m3 in place, is
 // already the A operand of P V (fp8.hpp). Contiguous KV (a paged cache is gathered into it by
 // the transpose step), every tile by TMA.
-template <class Element_, int kHeadDim_, KvLayout kLayout>
+// ElementOut_: void for the default output type, or (e4m3) cutlass::half_t for float16.
+template <class Element_, int kHeadDim_, KvLayout kLayout, class ElementOut_ = void>
 struct KernelTraits {
   using Element = Element_;
   static constexpr bool kFp8 = std::is_same_v<Element_, cutlass::float_e4m3_t>;
-  using ElementOut = std::conditional_t<kFp8, cutlass::bfloat16_t, Element_>;
+  using ElementOut =
+      std::conditional_t<!std::is_void_v<ElementOut_>, ElementOut_,
+                         std::conditional_t<kFp8, cutlass::bfloat16_t, Element_>>;
   using ElementAccum = float;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr bool kPaged = kLayout != KvLayout::kContiguous;

@@ -6,9 +6,9 @@
 
 namespace flashprefill::cuda::attention {
 
-template <class Element, int kHeadDim, KvLayout kLayout>
+template <class Element, int kHeadDim, KvLayout kLayout, class ElementOut>
 cudaError_t launch_attention(const AttentionParams& p, cudaStream_t stream) {
-  using Traits = KernelTraits<Element, kHeadDim, kLayout>;
+  using Traits = KernelTraits<Element, kHeadDim, kLayout, ElementOut>;
   auto* kernel = &attention_kernel<Traits>;
   static const cudaError_t attribute = cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
