@@ -29,7 +29,7 @@
  * workspace first, as the CPU reference quantizes it), contiguous or paged KV of any page size
  * (attention gathers a paged cache into its workspace: total_k, when > 0, bounds the sum of
  * seqlens_k there, else batch_size * max_seqlen_k rows are set aside), mean correction and KV
- * splits included, with out_dtype bfloat16, e4m3 strides (token, head, page) of multiples of 16
+ * splits included, with out_dtype bfloat16 or float16, e4m3 strides (token, head, page) of multiples of 16
  * elements (a bf16/fp16 q: of 8, 16-byte aligned), at most 65535 requests and KV heads, and the
  * keys read (total_k, or the paged bound) + 128 B below 2^31.
  *

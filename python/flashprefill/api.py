@@ -41,8 +41,8 @@ Shared conventions (every call):
         an out given in bfloat16 or float16 chooses the output dtype. On CUDA
         (torch.float8_e4m3fn tensors and float32 descale tensors on q's device) every call
         takes both FP8 problems, e4m3 q, k and v, and a bfloat16 / float16 q over e4m3 k and v
-        (quantized on the device), contiguous or paged KV, with a bfloat16 out and e4m3 strides
-        (token, head, page) of multiples of 16 elements; anything else raises
+        (quantized on the device), contiguous or paged KV, with a bfloat16 or float16 out and
+        e4m3 strides (token, head, page) of multiples of 16 elements; anything else raises
         FlashPrefillError UNSUPPORTED.
 
 Errors: every failure the library reports raises FlashPrefillError(status, message); what the
