@@ -24,6 +24,9 @@ Rows (L = sequence length, B = 1, Hq = 32, Hkv = 8, D = 128 or --head-dim 64, ca
           runs of 1024 keys);
           the contiguous row first, with each build's paged / contiguous time.
   batch   dense B = 4 at 32K, and the mixed batch with cached prefixes of bench_attention.py.
+  fp8     dense e4m3 (bench_fp8.Fp8Batch: per-tensor quantized q/k/v) at the second and third of
+          --lengths, each build's bf16 dense on the dequantized inputs in the same rounds; also
+          each build's bf16 time / its e4m3 time.
 
 A build's single step (one timing, one checked run) that runs past --hang-s seconds (60) ends
 the run with the row, the build and a traceback (hang_guard.py): a hung kernel costs a minute,
@@ -32,7 +35,7 @@ not the run's whole time limit. With --results DIR the rows also go into a resul
 
 Usage: python3 tools/compare_builds.py BASE=lib.so,NAME=lib.so[,...] [dense,sparse,...]
        [--rounds N] [--head-dim 64] [--hang-s S] [--results DIR]
-       (rows: any of dense,sparse,sparse128k,paged,batch)
+       (rows: any of dense,sparse,sparse128k,paged,batch,fp8)
 """
 
 import argparse
@@ -225,6 +228,28 @@ def main():
                             for n in libs})
             print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
             del b, ours
+            ba.empty_cache()
+    if "fp8" in rows and args.device == "cuda":
+        import bench_fp8  # torch's float8 types; the CPU reference takes no part here
+        for L in lengths[1:] or lengths:
+            reps = 5 if L <= 32768 else 3
+            rounds = args.rounds if L <= 32768 else max(3, args.rounds // 3)
+            x = [torch.randn(L, h, ba.D, device=ba.DEV, dtype=torch.bfloat16)
+                 for h in (ba.HQ, ba.HKV, ba.HKV)]
+            f = bench_fp8.Fp8Batch(*x)
+            ours8 = {n: ba.Ours(lib, f.batch) for n, lib in libs.items()}
+            ours16 = {n: ba.Ours(lib, f.dequantized) for n, lib in libs.items()}
+            row = f"fp8 dense L={L}"
+            diff, finite = check_outputs(f.batch, {n: o.dense for n, o in ours8.items()}, row)
+            fns = {f"{n}:e4m3": o.dense for n, o in ours8.items()}
+            fns.update({f"{n}:bf16": o.dense for n, o in ours16.items()})
+            t = paired(fns, rounds, reps, row)
+            extra = {f"{n}:e4m3": "({:.3f}x bf16, {:.0f} TFLOP/s)".format(
+                statistics.median(t[f"{n}:bf16"]) / statistics.median(t[f"{n}:e4m3"]),
+                ba.tflops(f.batch, statistics.median(t[f"{n}:e4m3"]))) for n in libs}
+            report(row, t, extra)
+            print(f"{'':<26} maxdiff={diff:.1e} finite={finite}", flush=True)
+            del f, ours8, ours16, x
             ba.empty_cache()
     if results:
         print("results:", results.write(ROWS, complete=True))
