@@ -83,7 +83,8 @@ DTYPE_LABELS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_
 @dataclasses.dataclass(frozen=True)
 class SparseConfig:
     """One selection configuration (flashprefill.prefill's arguments) and the precision attention
-    runs in (flashprefill.hf.register's dtype: None is the model's)."""
+    runs in (flashprefill.hf.register's dtype: None is the model's; kv_dtype "float8_e4m3": K and
+    V quantized to e4m3 per tensor, q in dtype, which the library quantizes per KV head)."""
     alpha: float = 0.1
     block_size: int = 128
     mean_correction: bool = True
@@ -91,11 +92,19 @@ class SparseConfig:
     window_tokens: int = 512
     dense_recent_tiles: int = 1
     dtype: str | None = None
+    kv_dtype: str | None = None
 
     @property
     def label(self) -> str:
         label = f"a{self.alpha:g}-bs{self.block_size}-{'corr' if self.mean_correction else 'nocorr'}"
-        return label if self.dtype is None else f"{label}-{DTYPE_LABELS[self.dtype]}"
+        if self.dtype is not None:
+            label = f"{label}-{DTYPE_LABELS[self.dtype]}"
+        return label if self.kv_dtype is None else f"{label}-kv{DTYPE_LABELS[self.kv_dtype]}"
+
+    def attn_dtype(self, model_dtype: str) -> str:
+        """The precision of the library's attention, as the records and tables name it."""
+        dtype = self.dtype or model_dtype
+        return dtype if self.kv_dtype is None else f"{dtype} q, {self.kv_dtype} kv"
 
     def kwargs(self) -> dict:
         return dataclasses.asdict(self)
@@ -103,7 +112,7 @@ class SparseConfig:
     def selection(self) -> dict:
         """The selection arguments alone (prefill's, the variants')."""
         out = self.kwargs()
-        del out["dtype"]
+        del out["dtype"], out["kv_dtype"]
         return out
 
 
@@ -160,7 +169,7 @@ def register_flashprefill(config: SparseConfig, recorder: Recorder | None = None
         out = forward(module, query, key, value, attention_mask, *args, **kwargs)
         if query.shape[2] > 1 and attention_mask is None:
             q, k, v, cu_q, cu_k = _packed(query, key, value)
-            q, k, v, descales = fp.hf.operands(q, k, v, config.dtype)  # the backend's operands
+            q, k, v, descales = fp.hf.operands(q, k, v, config.dtype, config.kv_dtype)
             index = fp.build_index(q, k, v, config=select, softmax_scale=kwargs.get("scaling"),
                                    cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                    max_seqlen_q=query.shape[2], max_seqlen_k=key.shape[2],
@@ -175,12 +184,13 @@ def register_flashprefill(config: SparseConfig, recorder: Recorder | None = None
 def register_variant(rule: str, config: SparseConfig, recorder: Recorder | None = None) -> str:
     """Registers "tv-<rule>-<label>": selection_variants.prefill(rule=...) in float32 for every
     prefill call (one request at a time), flashprefill.hf's exact decode for one-query calls."""
+    if config.dtype is not None or config.kv_dtype is not None:
+        raise ValueError(f"the selection variants run in float32: dtype {config.dtype!r}, "
+                         f"kv_dtype {config.kv_dtype!r}")
     from transformers import AttentionInterface
 
     import selection_variants
 
-    if config.dtype is not None:
-        raise ValueError(f"the selection variants run in float32: dtype {config.dtype!r}")
     fp = flashprefill_module()
     name = f"tv-{rule}-{config.label}"
     decode = fp.hf.register(name, **config.kwargs())

@@ -6,7 +6,8 @@ Prompts come from a pack (make_prompts.py). Per length, the prompts run in batch
 whole batch, the logits at the held-out positions and a greedy answer (dense decode, as in the
 paper). A configuration is an alpha, a block size, mean correction on or off and the precision of
 the library's attention (--attn-dtypes: the model's, bfloat16, or FP8 e4m3 Q/K/V quantized per
-tensor, decode steps included). One JSON line per (prompt, configuration) is appended to --out.
+tensor, decode steps included) and of its KV (--kv-dtypes: as q, or an e4m3 cache quantized per
+tensor under a 16-bit q). One JSON line per (prompt, configuration) is appended to --out.
 
     python3 accuracy/run.py --prompts accuracy/.pack/prompts.npz --lengths 2048 --needles 6 \\
         --windows 1 --alphas 0.1 --out accuracy/results/cpu/x.jsonl
@@ -54,6 +55,10 @@ def parse_args(argv=None):
                    help="precisions of the library's attention (flashprefill.hf's dtype): the "
                         "model's, or q/k/v cast to bfloat16 / float16, or float8_e4m3 (q, k, v "
                         "quantized per tensor); each with every alpha and correction")
+    p.add_argument("--kv-dtypes", nargs="+", default=["same"], choices=["same", "float8_e4m3"],
+                   help="the library's K/V: as q (same), or float8_e4m3 (an e4m3 cache, k and v "
+                        "quantized per tensor, q left in a 16-bit --attn-dtypes precision); each "
+                        "with every attention precision, alpha and correction")
     p.add_argument("--rules", nargs="*", default=[],
                    help="selection_variants rules run beside the library (paper, freemax, topp, "
                         "rownorm, perhead, oracle), at --rule-alphas, correction on, block 128")
@@ -75,12 +80,14 @@ def parse_args(argv=None):
 def configurations(args, recorder):
     """[(backend, attn_implementation name, SparseConfig)] of every sparse run."""
     out = []
-    for dtype, bs, alpha, corr in itertools.product(args.attn_dtypes, args.block_sizes,
-                                                    args.alphas, args.corrections):
+    for dtype, kv, bs, alpha, corr in itertools.product(args.attn_dtypes, args.kv_dtypes,
+                                                        args.block_sizes, args.alphas,
+                                                        args.corrections):
         if alpha == 0 and corr == "on" and "off" in args.corrections:
             continue                       # alpha 0 selects every block: nothing to correct
         cfg = SparseConfig(alpha=alpha, block_size=bs, mean_correction=corr == "on",
-                           dtype=None if dtype == "model" else dtype)
+                           dtype=None if dtype == "model" else dtype,
+                           kv_dtype=None if kv == "same" else kv)
         out.append(("fp", hf_model.register_flashprefill(cfg, recorder), cfg))
     for rule, alpha in itertools.product(args.rules, args.rule_alphas):
         cfg = SparseConfig(alpha=alpha)
@@ -191,7 +198,7 @@ def main(argv=None):
             for p, d, s, text in zip(batch, dense_logits, logits, texts):
                 m = tasks.compare_logits(d, s, p.tokens[p.eval_rows + 1])
                 emit(_base(p, length) | dict(config=cfg.label, backend=backend,
-                                             **cfg.kwargs(), attn_dtype=cfg.dtype or dtype,
+                                             **cfg.kwargs(), attn_dtype=cfg.attn_dtype(dtype),
                                              wall_s=wall, answer=text,
                                              correct=_correct(p, text), **m, **stats))
             print(f"[{length}] {batch[0].name} +{len(batch) - 1} {attn} {wall:.1f}s/prompt "

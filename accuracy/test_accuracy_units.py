@@ -179,3 +179,17 @@ def test_precision_table_pools_each_precision_against_the_same_dense():
         "1 / 1 (1) |",
         "| 2048 | 0.1 | on | float8_e4m3 | 2 | 0.700 | 80.00 % | 5.00e-02 | 80.00 % | 1.00e-01 | "
         "0 / 1 (1) |"]
+
+
+def test_sparse_config_names_its_kv_precision():
+    import hf_model
+    plain = hf_model.SparseConfig(alpha=0.1)
+    kv8 = hf_model.SparseConfig(alpha=0.1, dtype="bfloat16", kv_dtype="float8_e4m3")
+    assert plain.label == "a0.1-bs128-corr" and plain.attn_dtype("float32") == "float32"
+    assert kv8.label == "a0.1-bs128-corr-bf16-kvfp8"
+    assert kv8.attn_dtype("float32") == "bfloat16 q, float8_e4m3 kv"
+    # the selection arguments are prefill's alone; the backend gets both precisions
+    assert "kv_dtype" not in kv8.selection() and "dtype" not in kv8.selection()
+    assert kv8.kwargs()["kv_dtype"] == "float8_e4m3"
+    with pytest.raises(ValueError, match="kv_dtype"):
+        hf_model.register_variant("paper", kv8)
