@@ -49,20 +49,27 @@ __device__ __forceinline__ uint32_t e4m3x2_from_floats(float lo, float hi) {
   return r;
 }
 
-// The two e4m3 values of the low 16 bits of x, exactly, as floats (e4m3 is exact in fp16).
-__device__ __forceinline__ float2 floats_from_e4m3x2(uint32_t x) {
+// The two e4m3 values of the low 16 bits of x, exactly, as fp16 (e4m3 is exact in fp16).
+__device__ __forceinline__ __half2 halves_from_e4m3x2(uint32_t x) {
   uint32_t h2;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(uint16_t(x)));
-  return __half22float2(*reinterpret_cast<__half2*>(&h2));
+  return *reinterpret_cast<__half2*>(&h2);
 }
 
 // acc: one thread's S accumulator ((2, 2, N/8), 1, 1) holding 2^8 exp(S - m); words: the A
 // operand of P V in its compact layout ((4, 2, 2), 1, N/32) of e4m3, four to a 32-bit word
 // (word i1 + 2 i2 + 4 k holds row i1 and slots 4t + 16 i2 + {0 ... 3} of group k). Adds each
-// row's rounded probabilities to sums (Eq. 15's denominator sums the rounded P~).
+// row's rounded probabilities to sums (Eq. 15's denominator sums the rounded P~): per row, the
+// thread's N/4 values of the stage are added in fp16 pairs, pairwise (a tree of depth
+// log2(N/8), partial sums <= 256 N/8, each addition rounded to fp16's 11 bits), and the two
+// halves of the pair then in float32: one fp16 addition per two probabilities instead of a
+// conversion and a float32 addition per probability (docs/ALGORITHM.md "FP8 e4m3").
 template <class Acc>
 __device__ __forceinline__ void convert_p_e4m3(const Acc& acc, uint32_t* words, float (&sums)[2]) {
   constexpr int kGroups = decltype(cute::size(acc))::value / 16;  // 32 keys each
+  constexpr int kPairs = 2 * kGroups;                              // per row: words of the stage
+  static_assert((kPairs & (kPairs - 1)) == 0, "a pairwise tree over a power of two");
+  __half2 pair[2][kPairs];
   CUTE_UNROLL
   for (int k = 0; k < kGroups; ++k) {
     CUTE_UNROLL
@@ -72,11 +79,21 @@ __device__ __forceinline__ void convert_p_e4m3(const Acc& acc, uint32_t* words, 
         const int base = 2 * i1 + 8 * i2 + 16 * k;  // (c = 0, row i1, column block 4k + 2 i2)
         const uint32_t lo = e4m3x2_from_floats(acc(base), acc(base + 1));          // a = 0
         const uint32_t hi = e4m3x2_from_floats(acc(base + 4), acc(base + 5));      // a = 1
-        words[i1 + 2 * i2 + 4 * k] = lo | (hi << 16);
-        const float2 x = floats_from_e4m3x2(lo), y = floats_from_e4m3x2(hi);
-        sums[i1] += (x.x + x.y) + (y.x + y.y);
+        const uint32_t w = lo | (hi << 16);
+        words[i1 + 2 * i2 + 4 * k] = w;
+        pair[i1][i2 + 2 * k] = __hadd2(halves_from_e4m3x2(lo), halves_from_e4m3x2(hi));
       }
     }
+  }
+  CUTE_UNROLL
+  for (int i1 = 0; i1 < 2; ++i1) {
+    CUTE_UNROLL
+    for (int width = kPairs / 2; width > 0; width /= 2) {
+      CUTE_UNROLL
+      for (int j = 0; j < width; ++j) pair[i1][j] = __hadd2(pair[i1][j], pair[i1][j + width]);
+    }
+    const float2 x = __half22float2(pair[i1][0]);
+    sums[i1] += x.x + x.y;
   }
 }
 
