@@ -837,8 +837,8 @@ struct DeviceIndex {
   Csr host() const {
     Csr c;
     c.cu = cu.download();
-    c.idx = idx.download();
-    c.idx.resize(size_t(c.cu.back()));
+    // The CSR's used length; the capacity's tail is never written.
+    c.idx = idx.download(size_t(std::max<int32_t>(c.cu.back(), 0)));
     c.correction = true;
     c.k_mean = k_mean.download();
     c.v_mean = v_mean.download();
@@ -925,6 +925,9 @@ struct VariantCall {
     d->idx.resize(size_t(std::max<int64_t>(sizes.idx_capacity, 1)));
     d->k_mean.resize(size_t(std::max<int64_t>(sizes.mean_elements, 1)));
     d->v_mean.resize(d->k_mean.count);
+    // NaN where fp_build_index writes no mean (blocks no request holds), as the outputs are.
+    CUDA_OK(cudaMemset(d->k_mean.ptr, 0xFF, d->k_mean.count * sizeof(float)));
+    CUDA_OK(cudaMemset(d->v_mean.ptr, 0xFF, d->v_mean.count * sizeof(float)));
     d->index = fp_index{d->cu.ptr, d->idx.ptr, d->k_mean.ptr, d->v_mean.ptr,
                         int64_t(d->idx.count)};
     size_t ws = 0;

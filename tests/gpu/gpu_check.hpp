@@ -44,9 +44,15 @@ struct DeviceBuffer {
     resize(h.size());
     if (count) CUDA_OK(cudaMemcpy(ptr, h.data(), count * sizeof(T), cudaMemcpyHostToDevice));
   }
-  std::vector<T> download() const {
-    std::vector<T> h(count);
-    if (count) CUDA_OK(cudaMemcpy(h.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
+  std::vector<T> download() const { return download(count); }
+  // The first n elements (a buffer of which the call wrote only a prefix).
+  std::vector<T> download(size_t n) const {
+    if (n > count) {
+      std::fprintf(stderr, "download of %zu elements from a buffer of %zu\n", n, count);
+      std::exit(2);
+    }
+    std::vector<T> h(n);
+    if (n) CUDA_OK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
   ~DeviceBuffer() {
