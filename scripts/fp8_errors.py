@@ -5,9 +5,12 @@ For each input kind: relative L2 error of the library's output against float64 a
 float32 inputs, for e4m3 q/k/v, for a bfloat16 q over the e4m3 KV cache (q quantized by the
 library) and for bfloat16 q/k/v; the prefill (alpha 0.1, sink and window of 64 and 128 keys,
 so that it is sparse at this length) with and without mean correction, e4m3 beside bfloat16;
-and how far two other readings of Eq. 15 land from the reference (the final row
-maximum instead of the running one; the unrounded probabilities in the denominator), as a
-kernel whose stages differ would.
+and how far three other readings of Eq. 15 land from the reference (the final row
+maximum instead of the running one; the unrounded probabilities in the denominator; the rounded
+ones summed as the CUDA kernel sums them, in fp16 within a stage: fp16_stage_sums), as a kernel
+whose stages or sums differ would. The first two against the library's output (rounded to
+bfloat16); the fp16 sums against the same reading summed in float64, since their effect is far
+below that rounding.
 
     PYTHONPATH=python FLASHPREFILL_LIB=build/libflashprefill.so python3 scripts/fp8_errors.py
 """
@@ -29,8 +32,34 @@ def quantize(x):
     return np.clip(x * (np.float32(1) / c), -448, 448).astype(E4M3), float(c)
 
 
+def fp16_stage_sums(p):
+    """A stage's rounded probabilities p (up to 128 keys, from its first key) summed as the CUDA
+    kernel's four threads of a row do (fp8.hpp sum_p_e4m3): thread t holds keys 2t + c + 8a +
+    16i + 32k (a, c, i in {0, 1}, k < 4); the pairs a = 0 and a = 1 are added in fp16 (a half2 per
+    (i, k), c its lanes), those eight half2 pairwise in fp16 (j + 4, j + 2, j + 1 onto j, j = i +
+    2k), the two lanes then in float32. Returns the four threads' float32 sums."""
+    x = np.zeros(128)
+    x[:p.size] = p
+    sums = []
+    for t in range(4):
+        pair = []
+        for k in range(4):
+            for i in range(2):
+                base = 2 * t + 16 * i + 32 * k
+                lo, hi = x[base:base + 2], x[base + 8:base + 10]
+                pair.append((lo.astype(np.float16) + hi.astype(np.float16)).astype(np.float16))
+        for width in (4, 2, 1):
+            pair = [(pair[j] + pair[j + width]).astype(np.float16) for j in range(width)]
+        h = pair[0].astype(np.float32)
+        sums.append(np.float32(h[0] + h[1]))
+    return np.array(sums, dtype=np.float32)
+
+
 def eq15_variant(q8, k8, v8, c, scale, final_max, rounded_sum):
-    """Eq. 15 in float64 with ml_dtypes rounding (dense, one request, per-tensor descales)."""
+    """Eq. 15 in float64 with ml_dtypes rounding (dense, one request, per-tensor descales).
+    rounded_sum: the denominator sums the rounded probabilities (True), the exact ones (False),
+    or the rounded ones as the CUDA kernel does ("fp16": fp16_stage_sums, each thread's running
+    sum and their total in float32)."""
     q, k, v = (x.astype(np.float32).astype(np.float64) for x in (q8, k8, v8))
     len_q, heads_q, _ = q.shape
     len_kv, heads_kv, _ = k.shape
@@ -45,15 +74,21 @@ def eq15_variant(q8, k8, v8, c, scale, final_max, rounded_sum):
             chunks = [(0, pos + 1)] if final_max else [
                 (a * 128, min(a * 128 + 128, pos + 1)) for a in range(pos // 128, -1, -1)]
             m, l, acc = -np.inf, 0.0, 0.0
+            lanes = np.zeros(4, dtype=np.float32)  # "fp16": the four threads' running sums
             for a, b in chunks:
                 s = s_row[a:b]
                 m_new = max(m, s.max())
                 exact = np.exp2(s - m_new + 8)
                 p = exact.astype(np.float32).astype(E4M3).astype(np.float64)
                 r = np.exp2(m - m_new)
-                l = l * r + (p.sum() if rounded_sum else exact.sum())
+                if rounded_sum == "fp16":
+                    lanes = lanes * np.float32(r) + fp16_stage_sums(p)
+                else:
+                    l = l * r + (p.sum() if rounded_sum else exact.sum())
                 acc = acc * r + p @ v[a:b, h // g]
                 m = m_new
+            if rounded_sum == "fp16":
+                l = float((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
             out[i, h] = c[2] * acc / l
     return out
 
@@ -64,8 +99,8 @@ def main():
     print("| inputs | D | e4m3 q/k/v vs float64 on dequantized | e4m3 q/k/v vs float64 on "
           "unquantized | bf16 q over e4m3 KV vs unquantized | bf16 vs unquantized | prefill vs "
           "unquantized, corrected / uncorrected: e4m3 (density) | bf16 (density) | "
-          "final max instead of running | unrounded denominator |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "final max instead of running | unrounded denominator | fp16 stage sums vs float64 sums |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for kind in ("random", "structured"):
         for D in (64, 128):
             make = random_qkv if kind == "random" else structured_qkv
@@ -88,12 +123,15 @@ def main():
                     sparse.append(rel_l2(out.astype(np.float32), exact))
                 sparse.append(100 * stats["density"])
             scale = 1 / np.sqrt(D)
-            variants = [rel_l2(eq15_variant(q8, k8, v8, (cq, ck, cv), scale, fm, rs), fp8)
-                        for fm, rs in ((True, True), (False, False))]
+            reading = {(fm, rs): eq15_variant(q8, k8, v8, (cq, ck, cv), scale, fm, rs)
+                       for fm, rs in ((True, True), (False, False), (False, True), (False, "fp16"))}
+            variants = [rel_l2(reading[True, True], fp8), rel_l2(reading[False, False], fp8),
+                        rel_l2(reading[False, "fp16"], reading[False, True])]
             print(f"| {kind} | {D} | {rel_l2(fp8, exact_deq):.2e} | {rel_l2(fp8, exact):.2e} | "
                   f"{rel_l2(kv, exact):.2e} | {rel_l2(bf16, exact):.2e} | {sparse[0]:.2e} / "
                   f"{sparse[1]:.2e} ({sparse[2]:.0f} %) | {sparse[3]:.2e} / {sparse[4]:.2e} "
-                  f"({sparse[5]:.0f} %) | {variants[0]:.2e} | {variants[1]:.2e} |", flush=True)
+                  f"({sparse[5]:.0f} %) | {variants[0]:.2e} | {variants[1]:.2e} | "
+                  f"{variants[2]:.2e} |", flush=True)
 
 
 if __name__ == "__main__":
