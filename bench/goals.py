@@ -1,10 +1,11 @@
-"""The attention operator's goals checked against one run of bench_attention.py.
+"""The attention operator's goals checked against one run of bench_attention.py (or of
+bench_fp8.py: the FP8 goals).
 
-Reads the --json file the benchmark wrote and prints one line per goal row: the measured value,
-the goal and whether this run met it. Rows the run did not produce (a skipped group, a failed
-baseline) are reported as not measured, never as met.
+Reads the --json file the benchmark wrote (or a results file of bench/results/) and prints one
+line per goal row: the measured value, the goal and whether this run met it. Rows the run did
+not produce (a skipped group, a failed baseline) are reported as not measured, never as met.
 
-Usage: python3 bench/goals.py attention_bench.json
+Usage: python3 bench/goals.py attention_bench.json | bench/results/<run>.json
 """
 
 import json
@@ -14,6 +15,8 @@ import sys
 DENSE_MIN_VS_CUDNN = 1.0   # dense mode at least cuDNN's throughput
 SPARSE_MAX_RATIO = 1.15    # time <= 1.15 x rho x dense-mode time
 FLEX_MIN_SPEEDUP = 1.0     # faster than FlexAttention on the same block mask
+FP8_MIN_VS_BF16 = 1.6      # e4m3 dense at least 1.6 x our bf16 dense throughput
+FP8_PREFILL_MIN_VS_FA2 = 50.0  # the whole e4m3 prefill at ~5 % density, 50 x FA2 dense
 
 
 def _number(row, key):
@@ -44,6 +47,17 @@ def goal_rows(rows):
                 add(f"sparse {row['L']} rho {row['rho']:g}: FlexAttention time / ours",
                     _number(row, "speedup_vs_flex"), f"> {FLEX_MIN_SPEEDUP:g}",
                     lambda v: v > FLEX_MIN_SPEEDUP)
+        elif kind == "fp8_dense":
+            add(f"fp8 dense {row['L']}: e4m3 / our bf16 throughput", _number(row, "fp8_vs_bf16"),
+                f">= {FP8_MIN_VS_BF16:g}", lambda v: v >= FP8_MIN_VS_BF16)
+        elif kind == "fp8_sparse":
+            add(f"fp8 sparse {row['L']} rho {row['rho']:g}: time / (density x e4m3 dense)",
+                _number(row, "ratio_to_rho_dense"), f"<= {SPARSE_MAX_RATIO:g}",
+                lambda v: v <= SPARSE_MAX_RATIO)
+        elif kind == "fp8_prefill":
+            add(f"fp8 prefill {row['L']} ({row.get('q_dtype', 'e4m3')} q): FA2 time / ours",
+                _number(row, "speedup_vs_fa2"), f">= {FP8_PREFILL_MIN_VS_FA2:g}",
+                lambda v: v >= FP8_PREFILL_MIN_VS_FA2)
     return out
 
 
@@ -65,6 +79,8 @@ def main(argv):
         return 2
     with open(argv[1]) as f:
         rows = json.load(f)
+    if isinstance(rows, dict):  # a results file (bench/results/): its rows
+        rows = rows.get("rows", [])
     print(format_table(goal_rows(rows)))
     return 0
 

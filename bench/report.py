@@ -319,6 +319,12 @@ def fp8_section(path, record):
                 for r in prefill]
         out.append(table(["L", "q", "mean correction", "density", "index", "attention", "total",
                           "bf16 prefill", "vs FA2", "vs cuDNN", "err", "bf16 err"], body))
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    from goals import format_table, goal_rows
+    out += ["", para("Goals (`bench/goals.py`): e4m3 dense at least 1.6 x our bf16 dense "
+                     "throughput; sparse time at most 1.15 x rho x e4m3 dense time; the whole "
+                     "prefill at ~5 % density at least 50 x FA2."), "",
+            "```", format_table(goal_rows(record["rows"])), "```"]
     return "\n".join(out + [""])
 
 

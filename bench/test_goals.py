@@ -72,3 +72,31 @@ def test_each_sparse_length_is_a_goal_row_of_its_own():
     assert g["sparse 32768 rho 0.05 without correction: time / (density x dense)"] == (1.27, False)
     assert g["sparse 131072 rho 0.05 without correction: time / (density x dense)"] == (1.11, True)
     assert format_table(goal_rows(rows)).splitlines()[-1] == "3 of 4 goal rows met (0 not measured)"
+
+
+FP8_ROWS = [
+    {"row": "fp8_dense", "L": 32768, "fp8_vs_bf16": 1.6},
+    {"row": "fp8_dense", "L": 131072, "fp8_vs_bf16": 1.34},
+    {"row": "fp8_sparse", "L": 131072, "rho": 0.05, "density": 0.0515, "correction": 0,
+     "ratio_to_rho_dense": 1.16},
+    {"row": "fp8_prefill", "L": 131072, "q_dtype": "e4m3", "speedup_vs_fa2": 50.0},
+    {"row": "fp8_prefill", "L": 131072, "q_dtype": "bf16", "speedup_vs_fa2": float("inf")},
+]
+
+
+def test_fp8_goals():
+    g = by_name(goal_rows(FP8_ROWS))
+    assert g["fp8 dense 32768: e4m3 / our bf16 throughput"] == (1.6, True)
+    assert g["fp8 dense 131072: e4m3 / our bf16 throughput"] == (1.34, False)
+    assert g["fp8 sparse 131072 rho 0.05: time / (density x e4m3 dense)"] == (1.16, False)
+    assert g["fp8 prefill 131072 (e4m3 q): FA2 time / ours"] == (50.0, True)
+    assert g["fp8 prefill 131072 (bf16 q): FA2 time / ours"] == (None, None)
+
+
+def test_a_results_file_is_read_for_its_rows(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"bench": "fp8", "rows": FP8_ROWS[:4]}))
+    script = pathlib.Path(__file__).resolve().parent / "goals.py"
+    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True)
+    assert done.returncode == 0
+    assert done.stdout.splitlines()[-1] == "2 of 4 goal rows met (0 not measured)"
