@@ -51,16 +51,20 @@ def test_table_counts_and_marks():
     assert text.count("not measured") == 3  # two rows and the summary line
 
 
+def run_goals(*args):
+    script = pathlib.Path(__file__).resolve().parent / "goals.py"
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
+                          text=True)
+
+
 def test_command_line(tmp_path):
     path = tmp_path / "bench.json"
     path.write_text(json.dumps([r for r in ROWS if not any(
         isinstance(v, float) and math.isnan(v) for v in r.values())]))
-    script = pathlib.Path(__file__).resolve().parent / "goals.py"
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True)
+    done = run_goals(path)
     assert done.returncode == 0
     assert done.stdout.splitlines()[-1] == "3 of 5 goal rows met (0 not measured)"
-    bad = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
-    assert bad.returncode == 2
+    assert run_goals().returncode == 2
 
 
 def test_each_sparse_length_is_a_goal_row_of_its_own():
@@ -96,7 +100,6 @@ def test_fp8_goals():
 def test_a_results_file_is_read_for_its_rows(tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"bench": "fp8", "rows": FP8_ROWS[:4]}))
-    script = pathlib.Path(__file__).resolve().parent / "goals.py"
-    done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True)
+    done = run_goals(path)
     assert done.returncode == 0
     assert done.stdout.splitlines()[-1] == "2 of 4 goal rows met (0 not measured)"
