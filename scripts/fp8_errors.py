@@ -34,7 +34,7 @@ def quantize(x):
 
 def fp16_stage_sums(p):
     """A stage's rounded probabilities p (up to 128 keys, from its first key) summed as the CUDA
-    kernel's four threads of a row do (fp8.hpp sum_p_e4m3): thread t holds keys 2t + c + 8a +
+    kernel's four threads of a row do (fp8.hpp convert_p_e4m3): thread t holds keys 2t + c + 8a +
     16i + 32k (a, c, i in {0, 1}, k < 4); the pairs a = 0 and a = 1 are added in fp16 (a half2 per
     (i, k), c its lanes), those eight half2 pairwise in fp16 (j + 4, j + 2, j + 1 onto j, j = i +
     2k), the two lanes then in float32. Returns the four threads' float32 sums."""

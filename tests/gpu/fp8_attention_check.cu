@@ -925,7 +925,7 @@ struct VariantCall {
     d->idx.resize(size_t(std::max<int64_t>(sizes.idx_capacity, 1)));
     d->k_mean.resize(size_t(std::max<int64_t>(sizes.mean_elements, 1)));
     d->v_mean.resize(d->k_mean.count);
-    // NaN where fp_build_index writes no mean (blocks no request holds), as the outputs are.
+    // NaN in every entry fp_build_index leaves unwritten, as the outputs are poisoned.
     CUDA_OK(cudaMemset(d->k_mean.ptr, 0xFF, d->k_mean.count * sizeof(float)));
     CUDA_OK(cudaMemset(d->v_mean.ptr, 0xFF, d->v_mean.count * sizeof(float)));
     d->index = fp_index{d->cu.ptr, d->idx.ptr, d->k_mean.ptr, d->v_mean.ptr,
