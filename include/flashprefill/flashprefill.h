@@ -157,10 +157,10 @@ typedef struct fp_problem {
    * FP8 problems: dtype = FP_FLOAT8_E4M3 (q, k and v all e4m3), and dtype = FP_BFLOAT16 or
    * FP_FLOAT16 with kv_dtype = FP_FLOAT8_E4M3 (an FP8 KV cache; the library quantizes q to e4m3
    * per (request, KV head) with q_descale, or, when q_descale is NULL, with
-   * c_q = max|q| / 448 over the request's queries of the KV head's group). The CPU computes
-   * both. On CUDA, e4m3 q, k and v only: the index stage (fp_build_index, fp_pool_kv, their
-   * size queries and fp_index_density) and the attention calls (see the top of this file);
-   * every CUDA call on a bf16/fp16 q over e4m3 K/V returns FP_ERROR_UNSUPPORTED. */
+   * c_q = max|q| / 448 over the request's queries of the KV head's group). The CPU and CUDA
+   * compute both, in every entry point: the index stage (fp_build_index, fp_pool_kv, their size
+   * queries and fp_index_density) and the attention calls (CUDA's conditions: the top of this
+   * file; on CUDA the quantized q lies at the front of the call's workspace). */
   fp_dtype kv_dtype;           /* of k and v; FP_FLOAT32 (0) means dtype */
   fp_dtype out_dtype;          /* of out; FP_FLOAT32 (0) means dtype, or FP_BFLOAT16 when dtype
                                   is FP_FLOAT8_E4M3. An FP8 problem writes FP_BFLOAT16 or

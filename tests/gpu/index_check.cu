@@ -422,6 +422,20 @@ struct GpuIndex {
     }                                                                                      \
   } while (0)
 
+// fp_build_index on CUDA into poisoned buffers of sizes s, with the workspace it asks for
+// (its size into *ws_out when given); the index and means as the host reads them back.
+HostIndex run_cuda(const fp_problem& gp, const fp_select_config& config, const fp_index_sizes& s,
+                   size_t* ws_out = nullptr) {
+  size_t ws = 0;
+  FP_CHECK(fp_build_index_workspace_size(&gp, &config, &ws));
+  GpuIndex gi(s, ws);
+  gi.poison();
+  FP_CHECK(fp_build_index(&gp, &config, &gi.view, gi.workspace.ptr, ws));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  if (ws_out != nullptr) *ws_out = ws;
+  return gi.download();
+}
+
 HostIndex run_cpu(const Problem& pr, const fp_select_config& config, const fp_index_sizes& s) {
   const fp_problem p = pr.view(FP_DEVICE_CPU);
   HostIndex out{std::vector<int32_t>(s.num_segments + 1), std::vector<int32_t>(s.idx_capacity + 1),
@@ -612,12 +626,7 @@ Result check_case(const Case& c) {
   fp_index_sizes s{};
   FP_CHECK(fp_index_sizes_query(&gp, &c.config, &s));
   size_t ws = 0;
-  FP_CHECK(fp_build_index_workspace_size(&gp, &c.config, &ws));
-  GpuIndex gi(s, ws);
-  gi.poison();
-  FP_CHECK(fp_build_index(&gp, &c.config, &gi.view, gi.workspace.ptr, ws));
-  CUDA_CHECK(cudaDeviceSynchronize());
-  const HostIndex gpu = gi.download();
+  const HostIndex gpu = run_cuda(gp, c.config, s, &ws);
   const HostIndex ref = run_cpu(pr, c.config, s);
   compare_means(pr, c.config, s, ref.k_mean, gpu.k_mean, "k_mean", res);
   if (c.config.mean_correction) compare_means(pr, c.config, s, ref.v_mean, gpu.v_mean, "v_mean", res);
@@ -832,8 +841,8 @@ Result check_errors(const Case& c) {
 
 // What the index stage refuses of an e4m3 case (per-head descales): a descale factor that is not
 // finite and > 0, which CUDA checks under FP_FLAG_VALIDATE_DEVICE_METADATA (copying the
-// factors to the host) with the CPU's status and message, and a bfloat16 q over e4m3 K/V, which
-// only the CPU computes. Under the flag valid factors build the index.
+// factors to the host) with the CPU's status and message. Under the flag valid factors build
+// the index.
 Result check_fp8_errors(const Case& c) {
   Result res;
   Problem pr(c);
@@ -880,19 +889,94 @@ Result check_fp8_errors(const Case& c) {
       res.fail("valid descales under FP_FLAG_VALIDATE_DEVICE_METADATA: CPU " + cpu.message +
                ", CUDA " + gpu.message);
   }
-  {  // bfloat16 q over the e4m3 K/V: refused on CUDA before anything is read
-    DeviceBuffer<uint16_t> q16(pr.q.size());
-    fp_problem p = pr.view(FP_DEVICE_CUDA);
+  return res;
+}
+
+// A bfloat16 q over the e4m3 K/V on CUDA: the library quantizes q into its workspace, with the
+// given c_q or, when q_descale is NULL, c_q = max|q| / 448 over each (request, KV head)'s group,
+// and builds the index of that e4m3 problem. Both must equal, bit for bit, fp_build_index of the
+// e4m3 q that the host quantizes the same way: with the given c_q that is the case's own q~ (q =
+// bf16(c_q q~) rounds back to it: bf16's 2^-8 is far inside half an e4m3 step). fp_pool_kv reads
+// no q, and the bf16 problem pools the same means.
+Result check_q16_over_e4m3(const Case& c) {
+  namespace ref = flashprefill::ref;
+  Result res;
+  const Problem pr(c);
+  const int32_t hq = c.heads_q, hkv = c.heads_kv, g = hq / hkv, d = c.head_dim;
+  std::vector<uint16_t> q16(pr.q.size());
+  std::vector<float> given(size_t(pr.batch) * hkv), dynamic(given.size(), 0.f);
+  std::vector<uint8_t> q8(pr.q.size());
+  for (int32_t b = 0; b < pr.batch; ++b)
+    for (int32_t h = 0; h < hkv; ++h) {
+      given[size_t(b) * hkv + h] = pr.descale[0].at(b, h);
+      float& m = dynamic[size_t(b) * hkv + h];
+      for (int64_t t = pr.cu_q[b]; t < pr.cu_q[b + 1]; ++t)
+        for (int32_t i = 0; i < g * d; ++i) {
+          const size_t at = (size_t(t) * hq + h * g) * d + i;
+          q16[at] = ref::float_to_bf16(given[size_t(b) * hkv + h] * ref::e4m3_to_float(pr.q[at]));
+          m = std::max(m, std::fabs(ref::bf16_to_float(q16[at])));
+        }
+      m = m > 0.f ? m / 448.f : 1.f;
+      const float inv = 1.f / m;
+      for (int64_t t = pr.cu_q[b]; t < pr.cu_q[b + 1]; ++t)
+        for (int32_t i = 0; i < g * d; ++i) {
+          const size_t at = (size_t(t) * hq + h * g) * d + i;
+          q8[at] = ref::float_to_e4m3(ref::bf16_to_float(q16[at]) * inv);
+        }
+    }
+  DeviceBuffer<uint16_t> dq16(q16.size());
+  dq16.upload(q16);
+  DeviceBuffer<uint8_t> dq8(q8.size());
+  dq8.upload(q8);
+  DeviceBuffer<float> dgiven(given.size()), ddynamic(dynamic.size());
+  dgiven.upload(given);
+  ddynamic.upload(dynamic);
+  auto with_c_q = [&](fp_problem p, const float* c_q) {
+    p.q_descale = c_q;
+    p.q_descale_stride_batch = hkv;
+    p.q_descale_stride_head = 1;
+    return p;
+  };
+  auto bf16_q = [&](const float* c_q) {
+    fp_problem p = with_c_q(pr.view(FP_DEVICE_CUDA), c_q);
     p.dtype = FP_BFLOAT16;
     p.kv_dtype = FP_FLOAT8_E4M3;
-    p.q = q16.ptr;
-    const fp_status a = fp_build_index(&p, &c.config, &gi.view, gi.workspace.ptr, ws);
-    const std::string ma = fp_last_error_message();
-    const fp_status b = fp_pool_kv(&p, &c.config, gi.k_mean.ptr, nullptr, nullptr);
-    res.segments += 2;
-    if (a != FP_ERROR_UNSUPPORTED || b != FP_ERROR_UNSUPPORTED ||
-        ma.find("q over e4m3 K/V on CUDA") == std::string::npos)
-      res.fail(std::string("bfloat16 q over e4m3 K/V: ") + fp_status_string(a) + " (" + ma + ")");
+    p.q = dq16.ptr;
+    return p;
+  };
+  fp_index_sizes s{};
+  {
+    const fp_problem p = pr.view(FP_DEVICE_CUDA);
+    FP_CHECK(fp_index_sizes_query(&p, &c.config, &s));
+  }
+  auto build = [&](const fp_problem& p) { return run_cuda(p, c.config, s); };
+  auto same = [&](const HostIndex& a, const HostIndex& b, const char* what) {
+    ++res.segments;
+    const int64_t used = a.cu[s.num_segments];
+    if (a.cu != b.cu || !std::equal(a.idx.begin(), a.idx.begin() + used, b.idx.begin()))
+      return res.fail(std::string(what) + ": the index differs from the e4m3 q's");
+    if (!same_means(pr, c.config, s, a.k_mean, b.k_mean) ||
+        (c.config.mean_correction && !same_means(pr, c.config, s, a.v_mean, b.v_mean)))
+      res.fail(std::string(what) + ": the means differ from the e4m3 q's");
+  };
+  const HostIndex want_given = build(with_c_q(pr.view(FP_DEVICE_CUDA), dgiven.ptr));
+  fp_problem e4m3_dynamic = with_c_q(pr.view(FP_DEVICE_CUDA), ddynamic.ptr);
+  e4m3_dynamic.q = dq8.ptr;
+  const HostIndex want_dynamic = build(e4m3_dynamic);
+  same(want_given, build(bf16_q(dgiven.ptr)), "given c_q");
+  same(want_dynamic, build(bf16_q(nullptr)), "dynamic c_q");
+  {
+    const fp_problem p = bf16_q(nullptr);
+    GpuIndex gi(s, 0);
+    gi.poison();
+    FP_CHECK(fp_pool_kv(&p, &c.config, gi.k_mean.ptr,
+                        c.config.mean_correction ? gi.v_mean.ptr : nullptr, nullptr));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    ++res.segments;
+    if (!same_means(pr, c.config, s, gi.k_mean.download(), want_given.k_mean) ||
+        (c.config.mean_correction &&
+         !same_means(pr, c.config, s, gi.v_mean.download(), want_given.v_mean)))
+      res.fail("fp_pool_kv on the bfloat16 q's problem: means differ");
   }
   return res;
 }
@@ -1013,8 +1097,11 @@ int main(int argc, char** argv) {
   timed("incremental pooling (e4m3 mixed B=5, prefix 1000)",
         [&] { return check_incremental(e4m3_mixed, 1000); });
   timed("bad inputs: same status as the CPU (e4m3)", [&] { return check_errors(e4m3_paged4k); });
-  timed("bad e4m3 descales, bfloat16 q over e4m3 K/V",
-        [&] { return check_fp8_errors(e4m3_paged4k); });
+  timed("bad e4m3 descales", [&] { return check_fp8_errors(e4m3_paged4k); });
+  timed("bfloat16 q over e4m3 K/V (paged), given and dynamic c_q",
+        [&] { return check_q16_over_e4m3(e4m3_paged4k); });
+  timed("bfloat16 q over e4m3 K/V (mixed B=5), given and dynamic c_q",
+        [&] { return check_q16_over_e4m3(e4m3_mixed); });
   std::printf("%s: %d failing\n", failures ? "FAIL" : "PASS", failures);
   return failures ? 1 : 0;
 }

@@ -115,16 +115,12 @@ struct Consumer {
       }
       return info;
     };
-    // One arrival per consumer warp once the warp's wgmmas no longer read the buffer.
-    auto release = [&](int buffer) {
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) barrier(ss.kv_consumed[buffer]).arrive();
-    };
+    // Every consumer thread arrives once its wgmmas no longer read the buffer (and it has read
+    // the stage's StageInfo and column biases): each thread's own reads are ordered before its
+    // own release, so no ordering rests on another thread's arrival.
+    auto release = [&](int buffer) { arrive_ordered(ss.kv_consumed[buffer]); };
     // The same for the Q tile, after the item's last S = Q K^T has landed.
-    auto release_q = [&]() {
-      __syncwarp();
-      if (threadIdx.x % 32 == 0) barrier(ss.q_consumed).arrive();
-    };
+    auto release_q = [&]() { arrive_ordered(ss.q_consumed); };
     // A stage of exact tiles whose upper half holds no tile: its P is zero there (masked) and
     // its V rows are stale, so P V runs over the lower half only.
     auto one_tile = [](const StageInfo& info) {

@@ -32,21 +32,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     ss.copied_phases = 0;
     barrier(ss.q_loaded).init(1);  // thread 0, with the TMA bytes
     barrier(ss.q_copied).init(Traits::kProducerThreads);  // arrive_when_copied
-    barrier(ss.q_consumed).init(Traits::kConsumerWarps);
+    barrier(ss.q_consumed).init(Traits::kConsumerThreads);
     for (int s = 0; s < kStages; ++s) {
       barrier(ss.kv_loaded[s]).init(1);
       barrier(ss.kv_copied[s]).init(Traits::kProducerThreads);
-      barrier(ss.kv_consumed[s]).init(Traits::kConsumerWarps);
+      barrier(ss.kv_consumed[s]).init(Traits::kConsumerThreads);
     }
     for (int s = 0; s < 2; ++s) {
       barrier(ss.work_full[s]).init(1);
-      barrier(ss.work_empty[s]).init(Traits::kThreads / 32);
+      barrier(ss.work_empty[s]).init(Traits::kThreads);
     }
   }
   __syncthreads();  // barriers initialized
 
   const bool producer = threadIdx.x < Traits::kProducerThreads;
-  const bool lane0 = threadIdx.x % 32 == 0;
   StageCursor<kStages> stages;
   SlotCursor slot;
   uint32_t q_phase = 0;
@@ -82,8 +81,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       });
       if (scheduler) publish(claimed, following);
       q_phase ^= 1u;
-      __syncwarp();
-      if (lane0) arrive_ordered(ss.work_empty[slot.index]);
+      arrive_ordered(ss.work_empty[slot.index]);
       slot = following;
     }
     cp_async_wait_all();  // no copy outlives its issuing thread
@@ -95,8 +93,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (;;) {
       wait_ordered(ss.work_full[slot.index], slot.phase);
       const ScheduledWork sw = ss.work[slot.index];
-      __syncwarp();
-      if (lane0) arrive_ordered(ss.work_empty[slot.index]);
+      arrive_ordered(ss.work_empty[slot.index]);
       slot.advance();
       if (!sw.valid) break;
       Consumer<Traits>::consume(p, sw.w, ss, stages, q_phase);

@@ -9,8 +9,8 @@
 // of each item, so items are taken in order by whichever SM frees first: the SMs working at one
 // time hold a window of consecutive items (one request's K/V heads, good for L2), and the
 // lightest tiles of the last request run last. One producer thread decodes each claimed item
-// (lengths, CSR segment, split range) into a shared-memory slot of a two-slot ring; every warp
-// reads the slot after work_full and frees it on work_empty.
+// (lengths, CSR segment, split range) into a shared-memory slot of a two-slot ring; every
+// thread reads the slot after work_full and arrives on work_empty once it holds its copy.
 #pragma once
 
 #include <cstdint>
