@@ -11,13 +11,17 @@
 . "$(dirname "${BASH_SOURCE[0]}")/sanitize.sh"
 
 run_check() {
-  local prefix=$1 reserve=$2 skipped=$3 check=$4 rc
+  local prefix=$1 reserve=$2 skipped=$3 check=$4 rc limit
   shift 3
-  timeout "$(step_limit "$CHECK_LIMIT" "$reserve")" "$check" 2>&1 |
-    tee "$LOG_DIR/${prefix}_check.log"
+  limit=$(step_limit "$CHECK_LIMIT" "$reserve")
+  timeout "$limit" "$check" 2>&1 | tee "$LOG_DIR/${prefix}_check.log"
   rc=${PIPESTATUS[0]}
   if [ "$rc" -eq 124 ]; then
-    echo "$(basename "$0" .sh): the check timed out (a hang?); skipping $skipped"
+    if [ "$limit" -lt "$CHECK_LIMIT" ]; then
+      echo "$(basename "$0" .sh): the check ran past the ${limit} s that FP_TIME_BUDGET left it (its own limit: ${CHECK_LIMIT} s); skipping $skipped"
+    else
+      echo "$(basename "$0" .sh): the check ran past its ${limit} s limit (a hang?); skipping $skipped"
+    fi
     exit 1
   fi
   run_sanitizers "$prefix" "$@" || rc=1

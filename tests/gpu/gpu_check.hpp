@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "flashprefill/flashprefill.h"
@@ -34,7 +35,10 @@ struct DeviceBuffer {
   T* ptr = nullptr;
   size_t count = 0;
   explicit DeviceBuffer(size_t n = 0) { resize(n); }
+  // n elements; a buffer that holds n already keeps its allocation (and its address, which a
+  // captured graph or a problem view may hold).
   void resize(size_t n) {
+    if (n == count && (ptr != nullptr || n == 0)) return;
     if (ptr) CUDA_OK(cudaFree(ptr));
     ptr = nullptr;
     count = n;
@@ -55,11 +59,20 @@ struct DeviceBuffer {
     if (n) CUDA_OK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
+  // Every byte 0xff: NaN in float32, bfloat16 and float16, -1 in integers.
+  void poison() {
+    if (count) CUDA_OK(cudaMemset(ptr, 0xff, count * sizeof(T)));
+  }
   ~DeviceBuffer() {
     if (ptr) cudaFree(ptr);
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(ptr, other.ptr);
+    std::swap(count, other.count);
+    return *this;
+  }
 };
 
 // The start of a GPU check: line-buffered output, a usable sm_90 device (false, said, without

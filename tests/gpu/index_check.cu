@@ -23,21 +23,12 @@
 #include "cuda/index/pool.cuh"
 #include "flashprefill/flashprefill.h"
 #include "reference/numerics.hpp"
+#include "gpu_check.hpp"
 
 namespace {
 
 using flashprefill::BlockGeometry;
 using flashprefill::SeqGeometry;
-
-#define CUDA_CHECK(expr)                                                                   \
-  do {                                                                                     \
-    const cudaError_t _e = (expr);                                                         \
-    if (_e != cudaSuccess) {                                                               \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr,                   \
-                   cudaGetErrorString(_e));                                                \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 uint64_t seed() {
   static const uint64_t value = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
@@ -48,35 +39,6 @@ std::mt19937_64& rng() {
   static std::mt19937_64 gen(seed());
   return gen;
 }
-
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n = 0) : count(n) {
-    if (n) CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T)));
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
-    std::swap(ptr, other.ptr);
-    std::swap(count, other.count);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (ptr) cudaFree(ptr);
-  }
-  void upload(const std::vector<T>& v) {
-    CUDA_CHECK(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> download() const {
-    std::vector<T> v(count);
-    if (count) CUDA_CHECK(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-  void poison() {
-    if (count) CUDA_CHECK(cudaMemset(ptr, 0xff, count * sizeof(T)));
-  }
-};
 
 enum class Data { kRandom, kStructured };
 
@@ -412,26 +374,16 @@ struct GpuIndex {
   }
 };
 
-#define FP_CHECK(expr)                                                                     \
-  do {                                                                                     \
-    const fp_status _s = (expr);                                                           \
-    if (_s != FP_OK) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr,             \
-                   fp_status_string(_s), fp_last_error_message());                         \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
-
 // fp_build_index on CUDA into poisoned buffers of sizes s, with the workspace it asks for
 // (its size into *ws_out when given); the index and means as the host reads them back.
 HostIndex run_cuda(const fp_problem& gp, const fp_select_config& config, const fp_index_sizes& s,
                    size_t* ws_out = nullptr) {
   size_t ws = 0;
-  FP_CHECK(fp_build_index_workspace_size(&gp, &config, &ws));
+  FP_OK_OR_DIE(fp_build_index_workspace_size(&gp, &config, &ws));
   GpuIndex gi(s, ws);
   gi.poison();
-  FP_CHECK(fp_build_index(&gp, &config, &gi.view, gi.workspace.ptr, ws));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  FP_OK_OR_DIE(fp_build_index(&gp, &config, &gi.view, gi.workspace.ptr, ws));
+  CUDA_OK(cudaDeviceSynchronize());
   if (ws_out != nullptr) *ws_out = ws;
   return gi.download();
 }
@@ -443,9 +395,9 @@ HostIndex run_cpu(const Problem& pr, const fp_select_config& config, const fp_in
   fp_index index{out.cu.data(), out.idx.data(), out.k_mean.data(), out.v_mean.data(),
                  s.idx_capacity};
   size_t ws = 0;
-  FP_CHECK(fp_build_index_workspace_size(&p, &config, &ws));
+  FP_OK_OR_DIE(fp_build_index_workspace_size(&p, &config, &ws));
   std::vector<char> workspace(ws + 1);
-  FP_CHECK(fp_build_index(&p, &config, &index, workspace.data(), ws));
+  FP_OK_OR_DIE(fp_build_index(&p, &config, &index, workspace.data(), ws));
   return out;
 }
 
@@ -604,11 +556,11 @@ void compare_pooled_entry(const Problem& pr, const fp_select_config& config,
   fp_problem gp = pr.view(FP_DEVICE_CUDA);
   GpuIndex gi(s, ws);
   gi.poison();
-  FP_CHECK(fp_pool_kv(&gp, &config, gi.k_mean.ptr, config.mean_correction ? gi.v_mean.ptr : nullptr,
+  FP_OK_OR_DIE(fp_pool_kv(&gp, &config, gi.k_mean.ptr, config.mean_correction ? gi.v_mean.ptr : nullptr,
                       nullptr));
   gp.flags |= FP_FLAG_MEANS_POOLED;
-  FP_CHECK(fp_build_index(&gp, &config, &gi.view, gi.workspace.ptr, ws));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  FP_OK_OR_DIE(fp_build_index(&gp, &config, &gi.view, gi.workspace.ptr, ws));
+  CUDA_OK(cudaDeviceSynchronize());
   const HostIndex got = gi.download();
   if (!same_means(pr, config, s, got.k_mean, built.k_mean) ||
       (config.mean_correction && !same_means(pr, config, s, got.v_mean, built.v_mean)))
@@ -624,7 +576,7 @@ Result check_case(const Case& c) {
   const Problem pr(c);
   const fp_problem gp = pr.view(FP_DEVICE_CUDA);
   fp_index_sizes s{};
-  FP_CHECK(fp_index_sizes_query(&gp, &c.config, &s));
+  FP_OK_OR_DIE(fp_index_sizes_query(&gp, &c.config, &s));
   size_t ws = 0;
   const HostIndex gpu = run_cuda(gp, c.config, s, &ws);
   const HostIndex ref = run_cpu(pr, c.config, s);
@@ -641,23 +593,23 @@ Result check_graph(const Case& c) {
   Result res;
   Problem pr(c);
   cudaStream_t stream;
-  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const fp_problem gp = pr.view(FP_DEVICE_CUDA, stream);
   fp_index_sizes s{};
-  FP_CHECK(fp_index_sizes_query(&gp, &c.config, &s));
+  FP_OK_OR_DIE(fp_index_sizes_query(&gp, &c.config, &s));
   size_t ws = 0;
-  FP_CHECK(fp_build_index_workspace_size(&gp, &c.config, &ws));
+  FP_OK_OR_DIE(fp_build_index_workspace_size(&gp, &c.config, &ws));
   GpuIndex captured(s, ws), eager(s, ws);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
   const fp_status st = fp_build_index(&gp, &c.config, &captured.view, captured.workspace.ptr, ws);
-  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
   if (st != FP_OK) {
     res.fail(std::string("capture: ") + fp_last_error_message());
     return res;
   }
-  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
   for (int round = 0; round < 2; ++round) {
     if (round == 1) {  // new inputs in the same buffers: the graph must pick them up
       pr.scramble();
@@ -667,9 +619,9 @@ Result check_graph(const Case& c) {
     }
     captured.poison();
     eager.poison();
-    CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    FP_CHECK(fp_build_index(&gp, &c.config, &eager.view, eager.workspace.ptr, ws));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_OK(cudaGraphLaunch(exec, stream));
+    FP_OK_OR_DIE(fp_build_index(&gp, &c.config, &eager.view, eager.workspace.ptr, ws));
+    CUDA_OK(cudaStreamSynchronize(stream));
     const HostIndex a = captured.download(), b = eager.download();
     const int64_t used = b.cu[s.num_segments];
     res.segments = s.num_segments;
@@ -678,9 +630,9 @@ Result check_graph(const Case& c) {
         std::memcmp(a.k_mean.data(), b.k_mean.data(), 4 * s.mean_elements) != 0)
       res.fail("replay " + std::to_string(round) + " differs from the eager call");
   }
-  CUDA_CHECK(cudaGraphExecDestroy(exec));
-  CUDA_CHECK(cudaGraphDestroy(graph));
-  CUDA_CHECK(cudaStreamDestroy(stream));
+  CUDA_OK(cudaGraphExecDestroy(exec));
+  CUDA_OK(cudaGraphDestroy(graph));
+  CUDA_OK(cudaStreamDestroy(stream));
   return res;
 }
 
@@ -735,18 +687,18 @@ Result check_incremental(const Case& c, int32_t prefix) {
   for (auto* buf : {&full_k, &full_v, &inc_k, &inc_v}) buf->poison();
   full_r.poison();
   inc_r.poison();
-  CUDA_CHECK(ix::launch_pool(params(full_k.ptr, full_v.ptr, full_r.ptr), c.dtype, c.head_dim, nullptr));
+  CUDA_OK(ix::launch_pool(params(full_k.ptr, full_v.ptr, full_r.ptr), c.dtype, c.head_dim, nullptr));
   // Step 1: the prefix alone (as the first chunk of a chunked prefill would see it).
   DeviceBuffer<int32_t> dlen(pr.batch);
   dlen.upload(prefix_len);
   ix::PoolParams step1 = params(inc_k.ptr, inc_v.ptr, inc_r.ptr);
   step1.meta.seqlens_k = dlen.ptr;
-  CUDA_CHECK(ix::launch_pool(step1, c.dtype, c.head_dim, nullptr));
+  CUDA_OK(ix::launch_pool(step1, c.dtype, c.head_dim, nullptr));
   // Step 2: the whole sequence, keeping the complete blocks of the prefix.
   ix::PoolParams step2 = params(inc_k.ptr, inc_v.ptr, inc_r.ptr);
   step2.pooled_keys = dprefix.ptr;
-  CUDA_CHECK(ix::launch_pool(step2, c.dtype, c.head_dim, nullptr));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_OK(ix::launch_pool(step2, c.dtype, c.head_dim, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
   const auto fk = full_k.download(), ik = inc_k.download(), fv = full_v.download(),
              iv = inc_v.download();
   const auto fr = full_r.download(), ir = inc_r.download();
@@ -784,12 +736,12 @@ struct ErrorBuffers {
   }
   static fp_index_sizes sizes(const fp_problem& gp, const fp_select_config& config) {
     fp_index_sizes out{};
-    FP_CHECK(fp_index_sizes_query(&gp, &config, &out));
+    FP_OK_OR_DIE(fp_index_sizes_query(&gp, &config, &out));
     return out;
   }
   static size_t workspace(const fp_problem& gp, const fp_select_config& config) {
     size_t out = 0;
-    FP_CHECK(fp_build_index_workspace_size(&gp, &config, &out));
+    FP_OK_OR_DIE(fp_build_index_workspace_size(&gp, &config, &out));
     return out;
   }
 };
@@ -947,7 +899,7 @@ Result check_q16_over_e4m3(const Case& c) {
   fp_index_sizes s{};
   {
     const fp_problem p = pr.view(FP_DEVICE_CUDA);
-    FP_CHECK(fp_index_sizes_query(&p, &c.config, &s));
+    FP_OK_OR_DIE(fp_index_sizes_query(&p, &c.config, &s));
   }
   auto build = [&](const fp_problem& p) { return run_cuda(p, c.config, s); };
   auto same = [&](const HostIndex& a, const HostIndex& b, const char* what) {
@@ -969,9 +921,9 @@ Result check_q16_over_e4m3(const Case& c) {
     const fp_problem p = bf16_q(nullptr);
     GpuIndex gi(s, 0);
     gi.poison();
-    FP_CHECK(fp_pool_kv(&p, &c.config, gi.k_mean.ptr,
+    FP_OK_OR_DIE(fp_pool_kv(&p, &c.config, gi.k_mean.ptr,
                         c.config.mean_correction ? gi.v_mean.ptr : nullptr, nullptr));
-    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_OK(cudaDeviceSynchronize());
     ++res.segments;
     if (!same_means(pr, c.config, s, gi.k_mean.download(), want_given.k_mean) ||
         (c.config.mean_correction &&
@@ -1067,7 +1019,7 @@ int main(int argc, char** argv) {
   }
 
   cudaDeviceProp prop{};
-  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, seed %llu%s\n", prop.name, (unsigned long long)seed(),
               small_only ? ", small cases only" : "");
   int failures = 0;
