@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -305,6 +306,11 @@ TEST(Fp8, Errors) {
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "must be finite and > 0");
   bad[2] = INFINITY;
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "must be finite and > 0");
+  bad[2] = 1e-45f;  // subnormal: 1 / c overflows
+  expect_error(p, FP_ERROR_INVALID_ARGUMENT,
+               "k_descale[request 1, kv head 0] = 1.4013e-45 is below the smallest normal float32");
+  bad[2] = std::numeric_limits<float>::min();  // the smallest accepted
+  EXPECT_EQ(dense_status(p), FP_OK) << fp_last_error_message();
   p = qz.fp8();
   p.v_descale_stride_head = -1;
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "v_descale strides must be >= 0");

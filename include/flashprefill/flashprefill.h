@@ -169,10 +169,11 @@ typedef struct fp_problem {
    * for a bf16/fp16 q, NULL means the dynamic c_q above), or float32 on the problem's device,
    * c(b, h) = descale[b * stride_batch + h * stride_head] for request b and KV head h (FA3's
    * [B, Hkv] q_descale / k_descale / v_descale). Strides are in elements and may be 0: a
-   * per-tensor factor is one float with both strides 0. Every factor must be finite and > 0
-   * (checked on the CPU, and on CUDA under FP_FLAG_VALIDATE_DEVICE_METADATA, which copies the
-   * factors to the host; otherwise CUDA reads them only in its kernels, the caller guarantees
-   * them, and the call stays CUDA-graph capturable). */
+   * per-tensor factor is one float with both strides 0. Every factor must be finite and at
+   * least FLT_MIN, the smallest normal float32, so that 1 / c is finite (checked on the CPU,
+   * and on CUDA under FP_FLAG_VALIDATE_DEVICE_METADATA, which copies the factors to the host;
+   * otherwise CUDA reads them only in its kernels, the caller guarantees them, and the call
+   * stays CUDA-graph capturable). */
   const float* q_descale;
   const float* k_descale;
   const float* v_descale;

@@ -7,12 +7,16 @@ one factor, or [B, Hkv] (FA3's q_descale / k_descale / v_descale; any strides in
 broadcasts, as torch's expand() gives).
 """
 
+import math
+
 import numpy as np
 
 from . import _arrays
 from ._lib import DType
 
 _NAMES = ("q_descale", "k_descale", "v_descale")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # the smallest normal float32, 2^-126
 
 
 def kv_dtype_code(qa, ka, va):
@@ -59,8 +63,16 @@ def _descale(value, like, name, shape):
     """(Array or None, stride_batch, stride_head) of one descale argument."""
     if value is None:
         return None, 0, 0
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a number or a float32 array, got the bool {value}")
     if isinstance(value, (int, float, np.floating, np.integer)):
-        value = np.full((1,), value, dtype=np.float32)
+        # A number float32 would turn into 0, a subnormal or inf is refused here, by its own
+        # value; 0, negatives, NaN and inf go on for the library to refuse.
+        x = float(value)
+        if math.isfinite(x) and (abs(x) > _FLOAT32_MAX or 0 < abs(x) < _FLOAT32_TINY):
+            raise ValueError(f"{name} = {value!r}: outside the normal float32 range "
+                             f"[{_FLOAT32_TINY:g}, {_FLOAT32_MAX:g}] of a descale factor")
+        value = np.full((1,), x, dtype=np.float32)
         if like.device is not None:
             value = _arrays._torch().from_numpy(value).to(like.device)
     a = _arrays.Array(value, name)
@@ -80,8 +92,9 @@ def set_fields(c, qa, descales, keep):
     already set); `qa` is q's Array (or what stands in for its place), `keep` collects the
     arrays the pointers refer to."""
     shape = (c.batch_size, c.num_heads_kv)
-    for name, value in zip(_NAMES, descales):
-        a, stride_batch, stride_head = _descale(value, qa, name, shape)
+    # All three are checked before any field is written: a refused argument leaves `c` as it was.
+    resolved = [_descale(value, qa, name, shape) for name, value in zip(_NAMES, descales)]
+    for name, (a, stride_batch, stride_head) in zip(_NAMES, resolved):
         if a is not None:
             keep.append(a)
         setattr(c, name, None if a is None else a.ptr)

@@ -113,6 +113,16 @@ def _functional(q, k, descales):
             any(d is not None for d in descales))
 
 
+def _check_lse(q, lse):
+    """A caller's lse on the functional paths (which copy the result into it), checked before
+    any work as Plan.run checks it: float32 [Hq, total_q], contiguous, on q's device."""
+    if lse is None:
+        return
+    _arrays.require(_arrays.Array(lse, "lse"), "float32", (q.shape[1], q.shape[0]))
+    if lse.device != q.device:
+        raise ValueError(f"lse is on {lse.device} but q is on {q.device}")
+
+
 def _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, max_seqlen_q,
                     max_seqlen_k, softmax_scale, select, validate_metadata, out, lse, descales):
     """prefill (select: the selection arguments' tuple) or dense attention (select None) into
@@ -124,6 +134,7 @@ def _attention_into(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqlens_k, 
     if plan is not None:
         plan._run(q, k, v, out, lse, per_call_workspace=True)
         return
+    _check_lse(q, lse)
     kk, vv = _kv(k, v, page_table, seqlens_k)
     common = dict(softmax_scale=softmax_scale, cu_seqlens_q=cu_seqlens_q,
                   cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
@@ -422,6 +433,7 @@ def _pool_kv_fake(*args, **kwargs):
 def _sparse_into(q, k, v, cu, idx, k_mean, v_mean, cu_seqlens_q, cu_seqlens_k, page_table,
                  seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, block_size,
                  mean_correction, validate_metadata, out, lse, descales):
+    _check_lse(q, lse)
     config = SelectConfig(block_size=block_size, mean_correction=bool(mean_correction))
     index = Index(cu, idx, k_mean, v_mean if mean_correction else None, config)
     kk, vv = _kv(k, v, page_table, seqlens_k)

@@ -3,6 +3,7 @@ float8_e4m3fn, an independent numpy model of Eq. 15, float64 attention on the de
 inputs, and the error classes."""
 
 import ctypes
+import re
 
 import numpy as np
 import pytest
@@ -236,6 +237,41 @@ def test_errors(rng):
         fp.dense_attention(q, k, v, k_descale=1.0)
     with pytest.raises(ValueError, match="writes bfloat16 or float16"):
         fp.dense_attention(q8, k8, v8, out=np.empty(q.shape, np.float32))
+
+
+def test_descale_factors_outside_float32s_normal_range(rng):
+    """A factor whose reciprocal overflows float32 (so that the quantized zeros of a bf16 q
+    would turn NaN) is refused by the library; a Python number that float32 cannot hold is
+    refused by its own value; a bool is not a factor."""
+    q, k, v = random_qkv(rng, 64, 64, 2, 1, 16)
+    q8, k8, v8 = (x.astype(E4M3) for x in (q, k, v))
+    q16 = q.astype(BF16)
+    q16[:, :, 0] = 0
+    with pytest.raises(fp.FlashPrefillError, match=r"q_descale\[request 0, kv head 0\] = "
+                       r"1.4013e-45 is below the smallest normal float32") as e:
+        fp.dense_attention(q16, k8, v8, q_descale=np.array([1e-45], np.float32))
+    assert e.value.status == fp.Status.INVALID_ARGUMENT
+    tiny = np.finfo(np.float32).tiny
+    out = fp.dense_attention(q16, k8, v8, q_descale=np.array([tiny], np.float32))
+    assert np.isfinite(out.astype(np.float32)).all()
+    for bad in (1e-50, 1e-40, 1e39, -1e39):
+        with pytest.raises(ValueError, match=re.escape(f"k_descale = {bad!r}: outside the normal "
+                                                       f"float32 range")):
+            fp.dense_attention(q8, k8, v8, k_descale=bad)
+    with pytest.raises(TypeError, match="got the bool True"):
+        fp.dense_attention(q8, k8, v8, k_descale=True)
+
+
+def test_a_refused_descale_leaves_the_plan_as_it_was(rng):
+    """Plan.run checks all three descales before it sets any: after a refused argument the
+    next run is the plain one."""
+    q, k, v = (x.astype(BF16) for x in random_qkv(rng, 64, 64, 2, 1, 16))
+    plan = fp.Plan(2, 1, 16, np.dtype(BF16), None, [0, 64], 64, 64, cu_seqlens_k=[0, 64],
+                   dense=True)
+    want = plan.run(q, k, v)
+    with pytest.raises(ValueError, match="k_descale: expected shape"):
+        plan.run(q, k, v, q_descale=1.0, k_descale=np.ones((3, 3), np.float32))
+    assert np.array_equal(plan.run(q, k, v), want)
 
 
 def test_plan_refuses_fp8():

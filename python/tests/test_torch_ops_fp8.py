@@ -231,6 +231,29 @@ def test_fp8_compile_fullgraph(rng, kind):
         assert g.equal(w)
 
 
+def test_a_bad_lse_is_refused_before_any_work(rng):
+    """The ops' functional paths (FP8, and sparse_attention_out on any dtype) check a caller's
+    lse as Plan.run does, before anything is written: float32 [Hq, total_q], contiguous."""
+    c = Case(rng, "e4m3")
+    args, meta = (c.q, c.k, c.v), dict(c.meta, **c.descales)
+    total_q = c.q.shape[0]
+    index = ops.build_index(*args, **meta, **SELECT)
+    bad = [(torch.zeros(HEADS[0], total_q, dtype=torch.float16), "expected dtype float32"),
+           (torch.zeros(HEADS[0], total_q, dtype=torch.int32), "expected dtype float32"),
+           (torch.zeros(3, HEADS[0], total_q), "expected shape"),
+           (torch.zeros(HEADS[0], total_q + 1), "expected shape"),
+           (torch.zeros(total_q, HEADS[0]).t(), "must be contiguous")]
+    calls = [lambda out, lse: ops.dense_attention_out(*args, out, lse, **meta),
+             lambda out, lse: ops.prefill_out(*args, out, lse, **meta, **SELECT),
+             lambda out, lse: ops.sparse_attention_out(*args, *index, out, lse, **meta)]
+    for call in calls:
+        for lse, message in bad:
+            out = torch.full(c.q.shape, float("nan"), dtype=torch.bfloat16)
+            with pytest.raises(ValueError, match=f"lse: {message}"):
+                call(out, lse)
+            assert out.isnan().all()
+
+
 def test_fp8_errors_reach_the_caller(rng):
     c = Case(rng, "e4m3")
     args = (c.q, c.k, c.v)

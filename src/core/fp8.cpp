@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "core/checked.hpp"
@@ -142,12 +143,17 @@ fp_status load_fp8_scales(const fp_problem& p, const std::vector<int32_t>& cu_q,
           continue;
         }
         c = d(b, h);
-        if (!std::isfinite(c) || c <= 0.f) {
+        // Below the smallest normal float32, 1 / c (the quantization of a bf16/fp16 q, the
+        // kernels' factors) is infinite and zeros become NaN.
+        if (!std::isfinite(c) || c < std::numeric_limits<float>::min()) {
           char value[32];
           std::snprintf(value, sizeof value, "%g", double(c));
           return invalid(std::string(kDescaleNames[which]) + "[request " + std::to_string(b) +
                          ", kv head " + std::to_string(h) + "] = " + value +
-                         " must be finite and > 0");
+                         (std::isfinite(c) && c > 0.f
+                              ? " is below the smallest normal float32 (1.17549e-38): 1 / c "
+                                "would overflow"
+                              : " must be finite and > 0"));
         }
       }
   }
