@@ -302,6 +302,13 @@ TEST(Fp8, Errors) {
   fp_problem p = qz.fp8();
   p.k_descale = bad.data();
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "k_descale[request 1, kv head 0] = 0 must be finite and > 0");
+  {  // the index size query reads the lengths only, no factor (nor q for a dynamic c_q)
+    fp_select_config c;
+    fp_select_config_default(&c);
+    fp_index_sizes sizes{};
+    EXPECT_EQ(fp_index_sizes_query(&p, &c, &sizes), FP_OK) << fp_last_error_message();
+    EXPECT_GT(sizes.num_segments, 0);
+  }
   bad[2] = NAN;
   expect_error(p, FP_ERROR_INVALID_ARGUMENT, "must be finite and > 0");
   bad[2] = INFINITY;
