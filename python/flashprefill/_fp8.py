@@ -44,8 +44,13 @@ def default_out_dtype(qa):
 
 def out_dtype_code(oa):
     """fp_problem.out_dtype of an FP8 problem's out: FP_FLOAT32 (0) would mean the default, so
-    a float32 out is refused here; the library checks the rest."""
-    code = _arrays.fp_dtype(oa)
+    a float32 out is refused here, as is a dtype the library has no code for; the library
+    checks the rest."""
+    try:
+        code = _arrays.fp_dtype(oa)
+    except TypeError:
+        raise TypeError(f"{oa.name}: dtype {oa.dtype} is not supported; an FP8 problem writes "
+                        f"bfloat16 or float16") from None
     if code == DType.FLOAT32:
         raise ValueError(f"{oa.name}: dtype {oa.dtype}; an FP8 problem writes bfloat16 or "
                          f"float16")

@@ -36,10 +36,10 @@ from ._problem import tuning_struct
 class _Like:
     """Stands in for an array when only the place (numpy, torch CPU, a CUDA device) is known."""
 
-    def __init__(self, dtype, device):
+    def __init__(self, dtype, device, name="plan"):
         self.dtype = dtype
         self.device = device
-        self.name = "plan"
+        self.name = name  # in messages: "plan", or the argument its dtype came from
 
     @property
     def on_cuda(self):
@@ -128,11 +128,11 @@ class Plan:
         c.tuning = tuning_struct(tuning)
         c.device = _lib.Device.CUDA if like.on_cuda else _lib.Device.CPU
         c.flags = _lib.FLAG_VALIDATE_DEVICE_METADATA if like.on_cuda and validate_metadata else 0
-        c.dtype = _arrays.fp_dtype(like)
+        c.dtype = _arrays.fp_dtype(_Like(like.dtype, device, "dtype"))
         if c.dtype == _lib.DType.FLOAT8_E4M3:  # its out would be bf16, not the plan's dtype
             raise TypeError("dtype: a Plan takes float32, bfloat16 or float16; FP8 e4m3 goes "
                             "through prefill() / dense_attention() with descales")
-        kv_code = _arrays.fp_dtype(self._kv_like)
+        kv_code = _arrays.fp_dtype(_Like(self._kv_like.dtype, device, "kv_dtype"))
         if kv_code != c.dtype:
             if kv_code != _lib.DType.FLOAT8_E4M3:
                 raise TypeError(f"kv_dtype: {self._kv_like.dtype} differs from dtype {dtype}; a "

@@ -237,6 +237,11 @@ def test_errors(rng):
         fp.dense_attention(q, k, v, k_descale=1.0)
     with pytest.raises(ValueError, match="writes bfloat16 or float16"):
         fp.dense_attention(q8, k8, v8, out=np.empty(q.shape, np.float32))
+    with pytest.raises(TypeError, match="float64 is not supported; an FP8 problem writes"):
+        fp.dense_attention(q8, k8, v8, out=np.empty(q.shape, np.float64))
+    with pytest.raises(TypeError, match="kv_dtype: dtype float8_e5m2 is not supported"):
+        fp.Plan(2, 1, 16, np.dtype(BF16), None, [0, 8], 8, 8, cu_seqlens_k=[0, 8],
+                kv_dtype=ml_dtypes.float8_e5m2)
 
 
 def test_descale_factors_outside_float32s_normal_range(rng):
