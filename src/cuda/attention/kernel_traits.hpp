@@ -51,7 +51,6 @@ struct KernelTraits {
   static constexpr int kStages = kHeadDim * int(sizeof(Element)) == 256 ? 3 : 5;
   static constexpr int kProducerThreads = 128;
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kConsumerWarps = kConsumerThreads / 32;
   static constexpr int kThreads = kProducerThreads + kConsumerThreads;
   // setmaxnreg budgets: the consumers' increase must fit in what the producer releases from the
   // launch allocation (65536 / 384 rounded down to 168 per thread), or setmaxnreg.inc waits forever.
