@@ -312,9 +312,28 @@ def test_cpu_backend_over_an_fp8_cache(rng):
     impl.forward(layer, f.q, None, None, cache,
                  backend.FlashPrefillMetadata(sum(f.lens_q), batch), out)
     np.testing.assert_array_equal(out.float().numpy(), f.run(batch))
+    # One scale per KV head (kv_cache_scheme strategy attn_head) is refused, never broadcast
+    # against the head dimension.
+    per_head = types.SimpleNamespace(_k_scale=torch.full((HKV,), FP8_SCALES[0]),
+                                     _v_scale=f.scales["v_scale"], _q_scale=torch.tensor(1.0))
+    message = rf"layer._k_scale holds {HKV} \(per-head KV cache scales are not supported\)"
+    with pytest.raises(NotImplementedError, match=message):
+        impl.do_kv_cache_update(per_head, k, v, cache, slots)
+    with pytest.raises(NotImplementedError, match=message):
+        impl.forward(per_head, f.q, None, None, cache,
+                     backend.FlashPrefillMetadata(sum(f.lens_q), batch), out)
     with pytest.raises(NotImplementedError, match="fp8_e5m2 KV cache: the library's FP8 "
                                                   "format is e4m3"):
         backend.FlashPrefillCPUImpl(HQ, D, 0.125, HKV, kv_cache_dtype="fp8_e5m2")
+    with pytest.raises(NotImplementedError, match=r"the fp8_inc KV cache \(only auto"):
+        backend.FlashPrefillCPUImpl(HQ, D, 0.125, HKV, kv_cache_dtype="fp8_inc")
+    # On CUDA vLLM's validation gives the reason, which names the dtype too.
+    from vllm.platforms.interface import DeviceCapability
+    reasons = backend.FlashPrefillBackend.validate_configuration(
+        D, torch.bfloat16, "fp8_e5m2", 16, False, False, False, False, False,
+        DeviceCapability(9, 0), "decoder")
+    assert any("fp8_e5m2 KV cache: the library's FP8 format is e4m3" in r for r in reasons)
+    assert "kv_cache_dtype not supported" not in reasons
     config = lambda cache_dtype, dtype: types.SimpleNamespace(
         cache_config=types.SimpleNamespace(cache_dtype=cache_dtype),
         model_config=types.SimpleNamespace(dtype=dtype))

@@ -51,6 +51,14 @@ def _is_fp8(kv_cache_dtype):
     return kv_cache_dtype in FP8_KV_CACHE_DTYPES
 
 
+def kv_cache_dtype_refusal(kv_cache_dtype, supported):
+    """Why a kv_cache_dtype outside `supported` is refused, naming it."""
+    if kv_cache_dtype == "fp8_e5m2":
+        return ("the fp8_e5m2 KV cache: the library's FP8 format is e4m3 (kv_cache_dtype fp8 or "
+                "fp8_e4m3)")
+    return f"the {kv_cache_dtype} KV cache (only {', '.join(supported)})"
+
+
 def refuse_fp8_under_float32(vllm_config):
     """Raises ValueError for an FP8 KV cache under a float32 model: the library quantizes a
     bfloat16 or float16 q over an e4m3 cache, not a float32 one."""
@@ -131,6 +139,11 @@ class FlashPrefillBackend(_Common, AttentionBackend):
     @classmethod
     def validate_configuration(cls, *args, **kwargs):
         reasons = super().validate_configuration(*args, **kwargs)
+        # vLLM's own reason names no dtype: this one does.
+        kv_cache_dtype = kwargs.get("kv_cache_dtype", args[2] if len(args) > 2 else None)
+        reasons = [f"{NAME} does not support " +
+                   kv_cache_dtype_refusal(kv_cache_dtype, cls.supported_kv_cache_dtypes)
+                   if r == "kv_cache_dtype not supported" else r for r in reasons]
         import flashprefill
         if not flashprefill.cuda_available():
             reasons.append("the flashprefill library has no CUDA path here or sees no sm_90 GPU")
@@ -199,13 +212,9 @@ class _Impl(AttentionImpl):
                  **kwargs):
         _refuse_unsupported(alibi_slopes, sliding_window, logits_soft_cap, attn_type,
                             dict(kwargs, kv_sharing_target_layer_name=kv_sharing_target_layer_name))
-        if kv_cache_dtype == "fp8_e5m2":
-            raise NotImplementedError(f"{NAME} does not support the fp8_e5m2 KV cache: the "
-                                      f"library's FP8 format is e4m3 (kv_cache_dtype fp8 or "
-                                      f"fp8_e4m3)")
         if kv_cache_dtype not in self.kv_cache_dtypes:
-            raise NotImplementedError(f"{NAME} does not support the {kv_cache_dtype} KV cache "
-                                      f"(only {', '.join(self.kv_cache_dtypes)})")
+            raise NotImplementedError(f"{NAME} does not support " +
+                                      kv_cache_dtype_refusal(kv_cache_dtype, self.kv_cache_dtypes))
         self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
         self.num_kv_heads = num_kv_heads
         self.kv_cache_dtype = kv_cache_dtype
@@ -213,6 +222,21 @@ class _Impl(AttentionImpl):
         self.attn_type = attn_type
         self.settings = fp_batch.Settings.from_env()  # the builders' settings, read alike
         self.kept_means = None  # batch.KeptMeans of this layer's cache (keep_means)
+
+    def _cache_scales(self, layer):
+        """The layer's FP8 cache scales as the library's k/v descales ({} without an FP8
+        cache): one per tensor. A checkpoint with one scale per KV head (kv_cache_scheme
+        strategy attn_head) is refused here, as vLLM's CUDA backends refuse it by
+        supports_per_head_quant_scales."""
+        if not self.fp8:
+            return {}
+        for name in ("_k_scale", "_v_scale"):
+            n = getattr(layer, name).numel()
+            if n != 1:
+                raise NotImplementedError(f"{NAME} takes one FP8 KV cache scale per tensor; "
+                                          f"layer.{name} holds {n} (per-head KV cache scales "
+                                          f"are not supported)")
+        return dict(k_scale=layer._k_scale, v_scale=layer._v_scale)
 
     def _kept_means(self, key_cache):
         """This layer's KeptMeans for key_cache (made at the first cache update or forward,
@@ -237,15 +261,15 @@ class _Impl(AttentionImpl):
             raise NotImplementedError(f"{NAME} does not support fused output quantization")
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
+        # An FP8 cache: the layer's cache scales are its descales; q stays in the model's
+        # dtype (supports_quant_query_input is False, so the layer does not quantize it) and
+        # the library quantizes it with max|q| / 448 per request and KV head, not with
+        # layer._q_scale (the checkpoint's q scale, or vLLM's copy of its k scale).
+        scales = self._cache_scales(layer)
         if attn_metadata.decode is not None:
             self.decode_impl.forward(layer, self._decode_query(layer, query, attn_metadata),
                                      key, value, kv_cache, attn_metadata.decode, output)
         key_cache, value_cache = fp_batch.kv_views(kv_cache, self.head_size)
-        # An FP8 cache: the layer's cache scales are its descales; q stays in the model's
-        # dtype (supports_quant_query_input is False, so the layer does not quantize it) and
-        # the library quantizes it with max|q| / 448 per request and KV head, not with
-        # layer._q_scale, which is 1 unless the checkpoint calibrated one.
-        scales = dict(k_scale=layer._k_scale, v_scale=layer._v_scale) if self.fp8 else {}
         attn_metadata.batch.run(query, key_cache, value_cache, output, self.scale,
                                 self._kept_means(key_cache), **scales)
         return output
@@ -327,6 +351,6 @@ class FlashPrefillCPUImpl(_Impl):
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping):
         key_cache, value_cache = fp_batch.kv_views(kv_cache, self.head_size)
-        scales = dict(k_scale=layer._k_scale, v_scale=layer._v_scale) if self.fp8 else {}
+        scales = self._cache_scales(layer)
         fp_batch.write_kv(key, value, key_cache, value_cache, slot_mapping, **scales)
         self._invalidate_kept_means(kv_cache, slot_mapping)
