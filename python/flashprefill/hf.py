@@ -11,13 +11,15 @@ request (decoding) runs exact `flashprefill.dense_attention`, as the paper keeps
 Tensors stay where the model has them: CUDA tensors (bfloat16 / float16, head_dim 64 or 128)
 on the GPU kernels, CPU tensors (float32 too) on the CPU reference.
 
-Masks: the backend registers transformers' FlashAttention-style mask function, so a batch
-without padding reaches it with no mask and a padded batch with the [B, kv_length] boolean
-padding mask; padded rows are dropped (each request keeps its valid tokens, in order) and their
-outputs are zeros. What the library cannot compute raises instead of falling back: non-causal
-attention, sliding windows, logit softcapping, attention sinks, additive position biases,
-dropout in training, attention weights (output_attentions), masks of any other shape, and
-caches whose new tokens are not their last positions (static caches).
+Masks: the backend registers a FlashAttention-style mask function (causal_padding_mask), so a
+batch without padding reaches it with no mask and a padded batch with the [B, kv_length]
+boolean padding mask; padded rows are dropped (each request keeps its valid tokens, in order)
+and their outputs are zeros. Rows whose position_ids restart hold several requests packed back
+to back, in a batch of any size. What the library cannot compute raises instead of falling
+back: non-causal attention, sliding windows and chunked attention (from the layer's arguments
+or from the model's mask function), mask overlays, logit softcapping, attention sinks, additive
+position biases, dropout in training, attention weights (output_attentions), masks of any
+other shape, and caches whose new tokens are not their last positions (static caches).
 
 Precision (register's dtype and kv_dtype): by default attention runs in the tensors' own dtype.
 dtype="bfloat16" or "float16" casts q, k and v to it for the library (the output is cast back to
@@ -26,10 +28,13 @@ the query's dtype); dtype="float8_e4m3" quantizes each of q, k and v per tensor,
 `c = max|x| / 448` over the call's tensor (1 when it is all zeros), passed as q_descale /
 k_descale / v_descale; the library writes bfloat16, cast back to the query's dtype.
 kv_dtype="float8_e4m3" with dtype "bfloat16" or "float16" (or None for such a model) quantizes
-k and v per tensor from their own values and casts only q (an FP8 KV cache; the library
-quantizes q per request and KV head). Every call of the model, prefill and decode, runs in
-that precision, on the CPU reference or the CUDA e4m3 kernels alike; nothing falls back to
-another precision.
+k and v per tensor from their own values and casts only q (the arithmetic of an FP8 KV cache;
+the library quantizes q per request and KV head). transformers' cache itself stays in the
+model's dtype, so this saves no memory: k and v are quantized anew at every call. The
+per-tensor descales span the call's whole batch, so a request's result depends on the other
+requests batched with it (engines keep one scale per layer instead: flashprefill.vllm,
+flashprefill.sglang). Every call of the model, prefill and decode, runs in that precision, on
+the CPU reference or the CUDA e4m3 kernels alike; nothing falls back to another precision.
 
 Needs torch and transformers >= 5 (its AttentionInterface and AttentionMaskInterface); importing
 this module does not import either.
@@ -73,7 +78,7 @@ def register(name="sparse_prefill", *, alpha=0.1, block_size=128, sink_tokens=25
                          f"another (the default is 'sparse_prefill')")
     _check_dtypes(dtype, kv_dtype)
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     forward = functools.partial(attention_forward, alpha=alpha, block_size=block_size,
                                 sink_tokens=sink_tokens, window_tokens=window_tokens,
@@ -81,8 +86,60 @@ def register(name="sparse_prefill", *, alpha=0.1, block_size=128, sink_tokens=25
                                 mean_correction=mean_correction, dtype=dtype,
                                 kv_dtype=kv_dtype)
     AttentionInterface.register(name, forward)
-    AttentionMaskInterface.register(name, flash_attention_mask)
+    AttentionMaskInterface.register(name, causal_padding_mask)
     return forward
+
+
+# The parts of a transformers mask function (masking_utils) that the backend computes: causal
+# attention, padding, and requests packed in a row; and_masks / the packed-sequence remapping
+# are walked into. Any other part (a sliding window, chunked attention, bidirectional blocks, an
+# or_mask_function overlay, a model's own function) is refused by name.
+_MASK_PARTS = {"causal_mask_function", "padding_mask_function.<locals>.inner_mask",
+               "packed_sequence_mask_function.<locals>.inner_mask"}
+_MASK_NAMES = {"sliding_window_overlay.<locals>.inner_mask": "sliding-window attention",
+               "chunked_overlay.<locals>.inner_mask": "chunked attention",
+               "or_masks.<locals>.or_mask": "a mask overlay (or_mask_function, block_sequence_ids)",
+               "bidirectional_mask_function": "bidirectional attention"}
+
+
+def _unsupported_mask_parts(mask_function):
+    """What of transformers' mask function the backend cannot compute (a list of names)."""
+    name = getattr(mask_function, "__qualname__", repr(mask_function))
+    if name in ("and_masks.<locals>.and_mask",
+                "remap_positions_for_packed_sequence.<locals>.inner_mask"):
+        parts = []
+        for cell in mask_function.__closure__ or ():
+            inner = cell.cell_contents
+            for f in inner if isinstance(inner, tuple) else (inner,):
+                if callable(f) and not hasattr(f, "shape"):  # functions, not tensors
+                    parts += _unsupported_mask_parts(f)
+        return parts
+    return [] if name in _MASK_PARTS else [_MASK_NAMES.get(name, name)]
+
+
+def causal_padding_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0,
+                        mask_function=None, attention_mask=None, **kwargs):
+    """The mask transformers builds for this backend (its AttentionMaskInterface entry): None,
+    or the [B, kv_length] boolean padding mask, as for FlashAttention; but only for causal
+    attention whose queries are the last positions of the keys. Any other pattern raises
+    NotImplementedError here, where transformers' mask function still says what it is, rather
+    than reaching the attention calls without it: sliding windows, chunked attention and mask
+    overlays, and static caches (keys past the queries' last position)."""
+    from transformers.masking_utils import causal_mask_function, flash_attention_mask
+
+    mask_function = causal_mask_function if mask_function is None else mask_function
+    unsupported = _unsupported_mask_parts(mask_function)
+    if unsupported:
+        raise NotImplementedError(f"flashprefill.hf: the model's attention mask holds "
+                                  f"{', '.join(unsupported)}; the backend computes causal "
+                                  f"attention over each request's keys only")
+    if int(q_offset) + q_length != int(kv_offset) + kv_length:
+        raise NotImplementedError(f"flashprefill.hf: {q_length} queries from position "
+                                  f"{int(q_offset)} against {kv_length} keys from position "
+                                  f"{int(kv_offset)}: the new tokens are not the last positions "
+                                  f"of the keys (a static cache?)")
+    return flash_attention_mask(batch_size, q_length, kv_length, q_offset, kv_offset,
+                                mask_function, attention_mask, **kwargs)
 
 
 def attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
@@ -107,7 +164,10 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     if len_q > len_k:
         raise ValueError(f"flashprefill.hf: {len_q} queries against {len_k} keys")
     if attention_mask is not None:
-        attention_mask = attention_mask[:, -len_k:]
+        if attention_mask.shape[1] != len_k:  # transformers keeps such a mask for static caches
+            raise NotImplementedError(f"flashprefill.hf: a padding mask of "
+                                      f"{attention_mask.shape[1]} positions for {len_k} keys (a "
+                                      f"static cache?)")
         if bool(attention_mask.all()):
             attention_mask = None
 
@@ -118,9 +178,10 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
     heads_k = k.shape[2]
     q_rows = None
     packed = _packed_lengths(kwargs, batch, len_q, len_k, attention_mask)
+    given_lengths = False
     if attention_mask is None:
-        if packed is not None:  # one row holding several requests back to back
-            cu_q, cu_k, max_q, max_k = packed
+        if packed is not None:  # rows holding several requests back to back
+            cu_q, cu_k, max_q, max_k, given_lengths = packed
         else:  # made where the tensors are: no host-to-device copy (nor its synchronization)
             cu_q = torch.arange(0, (batch + 1) * len_q, len_q, dtype=torch.int32,
                                 device=query.device)
@@ -152,10 +213,11 @@ def attention_forward(module, query, key, value, attention_mask, scaling=None, d
         k = k.reshape(batch * len_k, heads_k, head_dim).index_select(0, k_rows)
         v = v.reshape(batch * len_k, heads_k, head_dim).index_select(0, k_rows)
 
-    # The lengths come from the tensors' shapes, the mask or transformers, valid by construction:
-    # on CUDA the library then skips its host-side check of them (a synchronization per call).
+    # The lengths made here from the tensors' shapes, the mask or position_ids are valid by
+    # construction: on CUDA the library then skips its host-side check of them (a
+    # synchronization per call). cu_seq_lens given by the caller (a collator's) are checked.
     metadata = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
-                    max_seqlen_k=max_k, validate_metadata=False)
+                    max_seqlen_k=max_k, validate_metadata=given_lengths)
     q, k, v, descales = operands(q, k, v, dtype, kv_dtype)
     metadata.update(descales)
     if max_q == 1:
@@ -222,25 +284,30 @@ def _check_dtypes(dtype, kv_dtype):
 
 
 def _packed_lengths(kwargs, batch, len_q, len_k, attention_mask):
-    """Requests packed back to back in one row (padding-free batches): the request boundaries
-    transformers passes (cu_seq_lens_q / _k with max_length_q / _k) or, failing those, the
-    restarts of position_ids (read on the host). (cu_q, cu_k, max_q, max_k), or None."""
+    """Requests packed back to back in rows (padding-free batches): the request boundaries
+    transformers passes (cu_seq_lens_q / _k with max_length_q / _k, one row) or, failing those,
+    the restarts of position_ids in each row, every row starting a request (read on the host).
+    (cu_q, cu_k, max_q, max_k, given: whether the caller gave the boundaries), or None."""
     given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
                                      "max_length_k")]
     if all(x is not None for x in given):
         if batch != 1 or attention_mask is not None:
             raise NotImplementedError("flashprefill.hf: cu_seq_lens with a batch of several rows "
                                       "or a padding mask")
-        return given[0], given[1], int(given[2]), int(given[3])  # int() of an int or 0-d tensor
+        return given[0], given[1], int(given[2]), int(given[3]), True  # int() of a 0-d tensor too
     positions = kwargs.get("position_ids")
-    if positions is None or batch != 1 or len_q != len_k or len_q < 2 or attention_mask is not None:
+    if positions is None or len_q != len_k or len_q < 2 or attention_mask is not None:
         return None
-    steps = positions.reshape(-1)[1:] - positions.reshape(-1)[:-1]
-    if bool((steps == 1).all()):
+    positions = positions.reshape(-1, len_q).expand(batch, len_q)
+    restarts = (positions[:, 1:] - positions[:, :-1]) != 1  # [B, L - 1]
+    if not bool(restarts.any()):
         return None
-    starts = [0] + ((steps != 1).nonzero().squeeze(1) + 1).tolist() + [len_q]
-    lengths = [b - a for a, b in zip(starts, starts[1:])]
-    return starts, starts, max(lengths), max(lengths)
+    starts = []
+    for row, steps in enumerate(restarts.tolist()):
+        starts += [row * len_q] + [row * len_q + i + 1 for i, r in enumerate(steps) if r]
+    starts.append(batch * len_q)
+    longest = max(b - a for a, b in zip(starts, starts[1:]))
+    return starts, starts, longest, longest, False
 
 
 def _check_supported(module, attention_mask, dropout, kwargs):

@@ -82,6 +82,54 @@ def test_packed_row_matches_each_request_alone(device, dtype, tol):
     assert relative(packed[0, 90:], logits(model, input_ids=b)[0]) < tol
 
 
+@pytest.mark.parametrize("device,dtype,tol", PLACES)
+def test_packed_rows_of_a_batch_match_each_request_alone(device, dtype, tol):
+    """A batch of two rows, each holding two requests (position_ids restart in each row)."""
+    model = llama(EXACT, device, dtype)
+    ids = torch.randint(0, 512, (2, 100), device=device)
+    positions = torch.cat([torch.arange(60), torch.arange(40)]).to(device)[None].expand(2, -1)
+    packed = logits(model, input_ids=ids, position_ids=positions, use_cache=False)
+    for row in range(2):
+        for cut in (slice(0, 60), slice(60, 100)):
+            alone = logits(model, input_ids=ids[row:row + 1, cut])[0]
+            assert relative(packed[row, cut], alone) < tol
+
+
+def test_static_caches_and_other_mask_patterns_raise():
+    """What the model's mask function says the attention must do, beyond causal attention over
+    each request's keys, raises in the backend's mask function: static caches (keys past the
+    queries' last position), sliding windows, chunked attention and mask overlays; the causal
+    pattern with padding or packed requests passes."""
+    from transformers import StaticCache
+    from transformers import masking_utils as mu
+
+    model = llama(EXACT, "cpu", torch.float32)
+    ids = torch.randint(0, 512, (1, 12))
+    with pytest.raises(NotImplementedError, match="not the last positions of the keys"):
+        logits(model, input_ids=ids, past_key_values=StaticCache(config=model.config,
+                                                                 max_cache_len=32))
+    causal = mu.causal_mask_function
+    args = dict(batch_size=1, q_length=8, kv_length=8)
+    for pattern, what in ((mu.sliding_window_causal_mask_function(4), "sliding-window"),
+                          (mu.chunked_causal_mask_function(4, torch.zeros(1, dtype=torch.long)),
+                           "chunked attention"),
+                          (mu.or_masks(causal, lambda b, h, q, k: q >= 0), "a mask overlay"),
+                          (mu.bidirectional_mask_function, "bidirectional")):
+        with pytest.raises(NotImplementedError, match=what):
+            fph.causal_padding_mask(mask_function=pattern, **args)
+    padding = torch.ones(1, 8, dtype=torch.bool)
+    padding[0, 0] = False
+    assert torch.equal(fph.causal_padding_mask(mask_function=mu.and_masks(
+        causal, mu.padding_mask_function(padding)), attention_mask=padding, **args), padding)
+    positions = torch.cat([torch.arange(5), torch.arange(3)])[None]
+    packed = mu.packed_sequence_compatibility_function(
+        causal, positions, mu.find_packed_sequence_indices(positions))
+    assert fph.causal_padding_mask(mask_function=packed, **args) is None
+    with pytest.raises(NotImplementedError, match="static cache"):
+        fph.causal_padding_mask(batch_size=1, q_length=8, kv_length=9)
+    assert fph.causal_padding_mask(batch_size=1, q_length=2, kv_length=9, q_offset=7) is None
+
+
 @pytest.mark.filterwarnings("ignore:.*past_key_values.*:FutureWarning")  # renamed in 5.2x
 @pytest.mark.parametrize("device,dtype,tol", PLACES)
 def test_cached_decoding_matches_sdpa(device, dtype, tol, monkeypatch):
@@ -159,6 +207,8 @@ def test_unsupported_features_raise():
         mask = torch.ones(1, 8, dtype=torch.bool)
         mask[0, -1] = False  # the new token's slot is empty: it is not the cache's last position
         fph.attention_forward(Module(), q[:, :, :2], kv, kv, mask)
+    with pytest.raises(NotImplementedError, match="a padding mask of 9 positions for 8 keys"):
+        fph.attention_forward(Module(), q, kv, kv, torch.ones(1, 9, dtype=torch.bool))
     with pytest.raises(ValueError, match="queries against"):
         fph.attention_forward(Module(), torch.zeros(1, 4, 9, 64), kv, kv, None)
 
