@@ -337,6 +337,33 @@ def test_unsupported_setups_refused_at_construction(rng):
                         batch.forward_batch, sinks=torch.zeros(HEADS_Q))
 
 
+def test_parallel_and_graph_setups_refused(rng, monkeypatch):
+    """Setups read from SGLang's runtime context: decode and attention context parallelism,
+    full prefill CUDA graphs and diffusion models are refused by name; the defaults pass."""
+    from sglang.srt import runtime_context
+
+    batch = Batch(rng, [0], [64], 1)
+
+    def setup(dcp=1, cp=1, dllm=None, prefill_graph="breakable"):
+        graph = types.SimpleNamespace(cuda_graph_config=types.SimpleNamespace(
+            prefill=types.SimpleNamespace(backend=prefill_graph)))
+        execution = types.SimpleNamespace(dllm=types.SimpleNamespace(dllm_algorithm=dllm),
+                                          graph=graph)
+        monkeypatch.setattr(runtime_context, "get_parallel",
+                            lambda: types.SimpleNamespace(attn_dcp_size=dcp, attn_cp_size=cp))
+        monkeypatch.setattr(runtime_context, "get_exec", lambda: execution)
+
+    setup()
+    check_model_runner(batch.runner)
+    for fields, message in ((dict(dcp=2), r"decode context parallelism \(--dcp-size 2\)"),
+                            (dict(cp=2), "attention context parallelism"),
+                            (dict(dllm="LowConfidence"), "diffusion language models"),
+                            (dict(prefill_graph="full"), "full prefill CUDA graphs")):
+        setup(**fields)
+        with pytest.raises(UnsupportedModelError, match=message):
+            check_model_runner(batch.runner)
+
+
 def test_settings_from_environment():
     s = Settings.from_env({"FLASHPREFILL_ALPHA": "0.2", "FLASHPREFILL_MEAN_CORRECTION": "off",
                            "FLASHPREFILL_MIN_SPARSE_LEN": "8192", "FLASHPREFILL_BLOCK_SIZE": ""})

@@ -66,8 +66,38 @@ def check_layer(layer, context_len=None):
                 f"{layer.v_head_dim})")
 
 
+def check_runtime_setup():
+    """Raises UnsupportedModelError for SGLang setups whose batches the backend would misread:
+    decode context parallelism (a rank holds every dcp-th pool slot, at slot // dcp), attention
+    context parallelism (a rank gets a share of the rows while the batch's lengths describe
+    all of them), full prefill CUDA graphs (replayed over padded request slots with the capture's
+    metadata) and diffusion language models. Read from SGLang's runtime context; a runner made
+    outside SGLang's launch, whose context is not published, has none of them."""
+    from sglang.srt import runtime_context
+
+    try:  # ValueError / RuntimeError: not published; AttributeError: an SGLang without them
+        parallel = runtime_context.get_parallel()
+        dcp = getattr(parallel, "attn_dcp_size", 1) or 1
+        cp = getattr(parallel, "attn_cp_size", 1) or 1
+        execution = runtime_context.get_exec()
+        dllm = execution.dllm.dllm_algorithm
+        prefill_graph = execution.graph.cuda_graph_config.prefill.backend
+    except (ValueError, RuntimeError, AttributeError):
+        return
+    if dcp > 1:
+        _refuse(f"decode context parallelism (--dcp-size {dcp})")
+    if cp > 1:
+        _refuse(f"attention context parallelism (attn_cp_size {cp}, --enable-prefill-cp)")
+    if dllm is not None:
+        _refuse(f"diffusion language models (dllm_algorithm {dllm})")
+    if getattr(prefill_graph, "value", prefill_graph) == "full":
+        _refuse("full prefill CUDA graphs (--cuda-graph-backend-prefill full; breakable or "
+                "disabled work)")
+
+
 def check_model_runner(runner):
     """Raises UnsupportedModelError when the runner's model or setup cannot use the backend."""
+    check_runtime_setup()
     if getattr(runner, "decode_attention_backend_str", None) == BACKEND_NAME:
         _refuse("decoding (the backend serves EXTEND and MIXED batches); add "
                 "--decode-attention-backend fa3 (or flashinfer, triton)")
