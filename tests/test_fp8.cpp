@@ -2,6 +2,7 @@
 // exact attention on the dequantized inputs, and the errors of FP8 problems.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -265,6 +266,61 @@ TEST(Fp8, KvCacheQuantizesQLikeAnFp8Q) {
     const std::vector<float> exact = run_dense(qz.dequantized().contiguous());
     EXPECT_LT(rel_l2(out.values(), exact), 2e-2);
   }
+}
+
+// A bf16 q below 448 FLT_MIN in magnitude (request 0; some of its entries exactly 0) over the e4m3
+// cache: the dynamic c_q is held at FLT_MIN, so 1 / c_q is finite, the zeros quantize to zeros
+// (not 0 * inf = NaN), and the output is the attention of that q on the dequantized K/V.
+TEST(Fp8, DynamicQDescaleOfATinyQStaysNormal) {
+  TestProblem src({{96, 160}, {64, 64}}, 4, 2, 32, FP_BFLOAT16, 39);
+  const int32_t hq = src.heads_q(), hkv = src.heads_kv(), D = src.head_dim();
+  std::vector<float> q(size_t(src.total_q()) * hq * D), k(size_t(src.total_k()) * hkv * D),
+      v(k.size());
+  for (int64_t t = 0; t < src.total_q(); ++t)
+    for (int32_t h = 0; h < hq; ++h)
+      for (int32_t d = 0; d < D; ++d)
+        q[(size_t(t) * hq + h) * D + d] =
+            t < src.cu_q(1) ? (d % 4 == 0 ? 0.f : src.q(t, h, d) * 1e-37f) : src.q(t, h, d);
+  for (int64_t t = 0; t < src.total_k(); ++t)
+    for (int32_t h = 0; h < hkv; ++h)
+      for (int32_t d = 0; d < D; ++d) {
+        k[(size_t(t) * hkv + h) * D + d] = src.k(t, h, d);
+        v[(size_t(t) * hkv + h) * D + d] = src.v(t, h, d);
+      }
+  src.set_data(q, k, v);
+  const Quantized qz(src, true);  // its k and v; q is the library's to quantize here
+  fp_problem kv = qz.kv_cache();
+  Output out(kv);
+  ASSERT_EQ(fp_dense_attention(&kv, &out.view, nullptr, 0), FP_OK) << fp_last_error_message();
+  const std::vector<float> got = out.values();
+  for (float x : got) ASSERT_TRUE(std::isfinite(x));
+  const TestProblem dq = qz.dequantized();
+  for (int64_t t = 0; t < src.total_k(); ++t)
+    for (int32_t h = 0; h < hkv; ++h)
+      for (int32_t d = 0; d < D; ++d) {
+        k[(size_t(t) * hkv + h) * D + d] = dq.k(t, h, d);
+        v[(size_t(t) * hkv + h) * D + d] = dq.v(t, h, d);
+      }
+  // q dequantized as docs/ALGORITHM.md quantizes it: c_q = max(max|q| / 448, FLT_MIN) per
+  // (request, KV head), round_e4m3(q * (1 / c_q)).
+  const int32_t g = hq / hkv;
+  for (int32_t b = 0; b < src.batch(); ++b)
+    for (int32_t h = 0; h < hkv; ++h) {
+      float amax = 0.f;
+      for (int64_t t = src.cu_q(b); t < src.cu_q(b + 1); ++t)
+        for (int32_t j = h * g; j < (h + 1) * g; ++j)
+          for (int32_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(src.q(t, j, d)));
+      const float c = std::max(amax / 448.f, std::numeric_limits<float>::min());
+      if (b == 0) EXPECT_EQ(c, std::numeric_limits<float>::min());
+      for (int64_t t = src.cu_q(b); t < src.cu_q(b + 1); ++t)
+        for (int32_t j = h * g; j < (h + 1) * g; ++j)
+          for (int32_t d = 0; d < D; ++d)
+            q[(size_t(t) * hq + j) * D + d] =
+                c * e4m3_to_float(float_to_e4m3(src.q(t, j, d) * (1.f / c)));
+    }
+  TestProblem exact(src.lengths(), hq, hkv, D, FP_FLOAT32, 1);
+  exact.set_data(q, k, v);
+  EXPECT_LT(rel_l2(got, run_dense(exact.contiguous())), 2e-2);
 }
 
 TEST(Fp8, MeanCorrectionUsesE4m3Surrogates) {

@@ -157,7 +157,8 @@ typedef struct fp_problem {
    * FP8 problems: dtype = FP_FLOAT8_E4M3 (q, k and v all e4m3), and dtype = FP_BFLOAT16 or
    * FP_FLOAT16 with kv_dtype = FP_FLOAT8_E4M3 (an FP8 KV cache; the library quantizes q to e4m3
    * per (request, KV head) with q_descale, or, when q_descale is NULL, with
-   * c_q = max|q| / 448 over the request's queries of the KV head's group). The CPU and CUDA
+   * c_q = max|q| / 448 over the request's queries of the KV head's group, held at FLT_MIN
+   * where max|q| is below 448 FLT_MIN). The CPU and CUDA
    * compute both, in every entry point: the index stage (fp_build_index, fp_pool_kv, their size
    * queries and fp_index_density) and the attention calls (CUDA's conditions: the top of this
    * file; on CUDA the quantized q lies at the front of the call's workspace). */

@@ -261,13 +261,14 @@ def operands(q, k, v, dtype=None, kv_dtype=None):
 def quantize_per_tensor(x):
     """Direct per-tensor e4m3 quantization of a torch tensor: (round_e4m3(x * (1 / c)) as
     torch.float8_e4m3fn, c as a 0-d float32 tensor in x's place) with c = max|x| / 448 (1 when x
-    is all zeros). Out-of-range products saturate to +-448 (docs/ALGORITHM.md "FP8 e4m3"); a
+    is all zeros; at least the smallest normal float32, which the library requires of a descale). Out-of-range products saturate to +-448 (docs/ALGORITHM.md "FP8 e4m3"); a
     non-finite max gives a non-finite c, which the library refuses."""
     import torch
 
     x = x.float()
     amax = x.abs().amax() if x.numel() else x.new_zeros(())
-    descale = torch.where(amax == 0, torch.ones_like(amax), amax / E4M3_MAX)
+    tiny = torch.finfo(torch.float32).tiny
+    descale = torch.where(amax == 0, torch.ones_like(amax), (amax / E4M3_MAX).clamp(min=tiny))
     scaled = x * (1 / descale)
     return scaled.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), descale
 

@@ -318,6 +318,18 @@ def test_quantize_per_tensor_of_zeros_has_descale_one():
     assert float(c) == 1.0 and x8.dtype == E4M3 and not x8.float().any()
 
 
+def test_quantize_per_tensor_of_tiny_values_keeps_a_normal_descale():
+    """max|x| / 448 below the smallest normal float32 is held there: 1 / c stays finite, the
+    zeros stay zeros, and the library takes the descale."""
+    x = torch.tensor([0.0, 1e-37, -2e-37, 5e-38])
+    x8, c = fph.quantize_per_tensor(x)
+    tiny = torch.finfo(torch.float32).tiny
+    assert float(c) == tiny
+    values = x8.float() * c
+    assert torch.isfinite(values).all() and float(values[0]) == 0.0
+    assert torch.allclose(values, x, rtol=0.07, atol=0)
+
+
 @pytest.mark.skipif(not (torch.cuda.is_available() and fp.cuda_available()),
                     reason="needs the library's CUDA path and a GPU")
 def test_fp8_on_cuda_equals_the_cpu_reference():

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -136,7 +137,7 @@ struct Buffer {
 };
 
 // One input tensor in the demo's dtype: bf16 bytes, or e4m3 bytes quantized with one descale
-// factor c = max|x| / 448 per tensor; `exact` holds the values the library sees, in float32.
+// factor c = max|x| / 448 per tensor (at least FLT_MIN); `exact` holds the values the library sees, in float32.
 struct Input {
   std::vector<unsigned char> bytes;
   std::vector<float> exact;
@@ -158,7 +159,7 @@ Input quantize(const std::vector<float>& x, bool fp8) {
   }
   float amax = 0.f;
   for (float a : x) amax = std::max(amax, std::fabs(a));
-  in.descale = amax > 0.f ? amax / ref::kE4m3Max : 1.f;
+  in.descale = amax > 0.f ? std::max(amax / ref::kE4m3Max, std::numeric_limits<float>::min()) : 1.f;
   in.bytes.resize(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     in.bytes[i] = ref::float_to_e4m3(x[i] * (1.f / in.descale));

@@ -35,7 +35,9 @@ Size descale_span(const fp_problem& p, const Descale& d) {
 }
 
 // c_q = max|q| / 448 over the finite q of request b's queries in KV head h's group (1 when all
-// are 0), so the largest |q| quantizes to the largest e4m3 value.
+// are 0), so the largest |q| quantizes to the largest e4m3 value; held at FLT_MIN, the smallest
+// normal float32, where max|q| < 448 FLT_MIN, so that 1 / c_q stays finite (q * (1 / c_q) would
+// turn a zero q into NaN).
 float dynamic_q_descale(const fp_problem& p, const std::vector<int32_t>& cu_q, int32_t b,
                         int32_t h) {
   const int32_t g = p.num_heads_q / p.num_heads_kv;
@@ -48,7 +50,7 @@ float dynamic_q_descale(const fp_problem& p, const std::vector<int32_t>& cu_q, i
         if (std::isfinite(a) && a > amax) amax = a;
       }
     }
-  return amax > 0.f ? amax / ref::kE4m3Max : 1.f;
+  return amax > 0.f ? std::max(amax / ref::kE4m3Max, std::numeric_limits<float>::min()) : 1.f;
 }
 
 }  // namespace

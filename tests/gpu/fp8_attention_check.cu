@@ -711,6 +711,8 @@ struct Variant {
   int splits = 0;          // tuning.num_splits (0: the heuristic)
   bool bound_keys = false; // paged: total_k given (the sum of seqlens_k), else 0 (unbounded)
   bool fp16 = false;       // with bf16_q: the q in float16, and a float16 output
+  float q_scale = 1.f;     // with bf16_q: q times this (1e-37: max|q| below 448 FLT_MIN, so the
+                           // dynamic c_q is held at FLT_MIN), every fourth entry 0
 };
 
 // The 16-bit output of a variant as floats.
@@ -739,7 +741,9 @@ Layout make_layout(const Inputs& in, const Variant& var) {
     l.q16.resize(in.q.bits.size());
     for (size_t i = 0; i < l.q16.size(); ++i) {
       if (!var.fp16) {
-        l.q16[i] = bf16_bits(in.q.value(i));
+        l.q16[i] = bf16_bits(var.q_scale == 1.f ? in.q.value(i)
+                             : i % 4 == 0        ? 0.f
+                                                 : in.q.value(i) * var.q_scale);
         continue;
       }
       const __half h = __float2half_rn(in.q.value(i));
@@ -1141,6 +1145,8 @@ int main(int argc, char** argv) {
       {"3 KV splits", 0, false, false, 3},
       {"paged 32, total_k given, 3 KV splits", 32, false, false, 3, true},
       {"paged 16, fp16 q (dynamic c_q), fp16 output", 16, true, true, 0, false, true},
+      {"bf16 q of magnitude 1e-37 (dynamic c_q held at FLT_MIN), zeros in q", 0, true, true, 0,
+       false, false, 1e-37f},
       {"paged 48, bf16 q (dynamic c_q), 2 KV splits", 48, true, true, 2},
   };
   if (small_only) check_variant(shapes[2], variants.back());

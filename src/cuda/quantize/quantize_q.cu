@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -96,7 +97,7 @@ __global__ void __launch_bounds__(kThreads)
     c = given(b, h);
   } else {
     const float m = __uint_as_float(amax[b * s.heads_kv + h]);
-    c = m > 0.f ? m / kE4m3Max : 1.f;
+    c = m > 0.f ? fmaxf(m / kE4m3Max, FLT_MIN) : 1.f;  // 1 / c finite (quantize_q.hpp)
     if (blockIdx.x == 0 && threadIdx.x == 0) c_out[b * s.heads_kv + h] = c;
   }
   const float inv = 1.f / c;

@@ -2,7 +2,7 @@
 // kernels take e4m3 q, so a call first quantizes q into the front of its workspace,
 // q~ = round_e4m3(q * (1 / c_q)) with c_q from q_descale, or, when q_descale is NULL,
 // c_q = max|q| / 448 over the finite q of the request's queries in the KV head's group (1 when
-// all are 0), exactly as the CPU reference rounds it; the call then runs the e4m3 problem of
+// all are 0; at least FLT_MIN, so that 1 / c_q is finite), exactly as the CPU reference rounds it; the call then runs the e4m3 problem of
 // that q (its c_q in the workspace too) over the rest of the workspace.
 #pragma once
 
