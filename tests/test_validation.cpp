@@ -85,6 +85,8 @@ std::vector<BadCase> cases() {
       {"max_seqlen_k_too_small", [](P& p, C&) { p.max_seqlen_k = 200; }, E, "max_seqlen_k"},
       {"negative_scale", [](P& p, C&) { p.softmax_scale = -1.f; }, E, "softmax_scale"},
       {"nan_scale", [](P& p, C&) { p.softmax_scale = NAN; }, E, "softmax_scale"},
+      {"tiny_scale", [](P& p, C&) { p.softmax_scale = 1e-30f; }, E, "outside [2^-64, 2^64]"},
+      {"huge_scale", [](P& p, C&) { p.softmax_scale = 1e30f; }, E, "outside [2^-64, 2^64]"},
       {"bad_layout", [](P& p, C&) { store_bits(p.kv_layout, 3); }, E, "kv_layout"},
       {"alpha_nan", [](P&, C& c) { c.alpha = NAN; }, E, "alpha"},
       {"alpha_negative", [](P&, C& c) { c.alpha = -0.1f; }, E, "alpha"},

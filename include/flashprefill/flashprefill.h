@@ -121,7 +121,7 @@ typedef struct fp_problem {
   int32_t num_heads_q;       /* Hq, a multiple of Hkv */
   int32_t num_heads_kv;      /* Hkv */
   int32_t head_dim;          /* D: 64 or 128 on CUDA; 1..512 on the CPU */
-  float softmax_scale;       /* 0 means 1/sqrt(D) */
+  float softmax_scale;       /* 0 means 1/sqrt(D); else within [2^-64, 2^64] */
 
   const void* q;
   int64_t q_stride_token, q_stride_head;

@@ -122,8 +122,11 @@ def test_static_caches_and_other_mask_patterns_raise():
     assert torch.equal(fph.causal_padding_mask(mask_function=mu.and_masks(
         causal, mu.padding_mask_function(padding)), attention_mask=padding, **args), padding)
     positions = torch.cat([torch.arange(5), torch.arange(3)])[None]
-    packed = mu.packed_sequence_compatibility_function(
-        causal, positions, mu.find_packed_sequence_indices(positions))
+    sequences = mu.find_packed_sequence_indices(positions)
+    if hasattr(mu, "packed_sequence_compatibility_function"):  # transformers >= 5.2x
+        packed = mu.packed_sequence_compatibility_function(causal, positions, sequences)
+    else:  # the releases before it: and_masks(causal, packed_sequence_mask_function)
+        packed = mu.and_masks(causal, mu.packed_sequence_mask_function(sequences))
     assert fph.causal_padding_mask(mask_function=packed, **args) is None
     with pytest.raises(NotImplementedError, match="static cache"):
         fph.causal_padding_mask(batch_size=1, q_length=8, kv_length=9)

@@ -315,6 +315,12 @@ fp_status validate_problem(const fp_problem* problem, ProblemInfo* info, Entry e
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale < 0.f)
     return invalid(format("softmax_scale must be finite and >= 0 (0 = 1/sqrt(D)), got %g",
                           double(p.softmax_scale)));
+  // The kernels keep raw scores and put the mean windows' ln |B_J| into their units, divided by
+  // the scale: outside [2^-64, 2^64] that quotient or the scaled scores leave float32's range.
+  if (p.softmax_scale != 0.f && (p.softmax_scale < 0x1p-64f || p.softmax_scale > 0x1p64f))
+    return invalid(format("softmax_scale %g is outside [2^-64, 2^64] (5.4e-20 .. 1.8e+19; 0 = "
+                          "1/sqrt(D))",
+                          double(p.softmax_scale)));
   if (p.total_q < 0 || p.max_seqlen_q < 0 || p.max_seqlen_k < 0)
     return invalid("total_q, max_seqlen_q and max_seqlen_k must be >= 0");
   if (p.cu_seqlens_q == nullptr) return invalid("cu_seqlens_q is NULL");

@@ -165,12 +165,19 @@ struct Consumer {
     clear(tOrO);
     constexpr bool kE4m3 = Traits::kFp8;
     // e4m3 (Eq. 15): the logits take c_q c_k and the output c_v of the item's (request, KV
-    // head); 16-bit operands keep the softmax scale and finalize reads no factor.
+    // head); 16-bit operands keep the softmax scale and finalize reads no factor. The e4m3
+    // scale is held at 2^-60: c_q c_k may underflow (each factor is only >= FLT_MIN), and
+    // 1 / (c_q c_k), the mean windows' unit, would be infinite; |q~ . k~| <= 448^2 128 < 2^25,
+    // so below 2^-60 every exponent is exp2(x) with |x| < 2^-35, 1 in float32 either way.
     float scale_log2 = p.scale_log2, out_scale = 1.f;
     if constexpr (kE4m3) {
       const float qk = descale_at(p.q_descale, w.b, w.h) * descale_at(p.k_descale, w.b, w.h);
       scale_log2 *= qk;
       mean_unit = 1.f / qk;
+      if (!(scale_log2 >= 0x1p-60f)) {
+        scale_log2 = 0x1p-60f;
+        mean_unit = p.scale_log2 * 0x1p60f;  // p.scale_log2 / scale_log2, finite (< 2^125)
+      }
       out_scale = descale_at(p.v_descale, w.b, w.h);
     }
     OnlineSoftmax softmax(scale_log2);
