@@ -12,7 +12,8 @@
 // transpose and the kernel) against bf16 (CUDA events, median). Exit status 0 when every check
 // passes.
 // Usage: fp_gpu_fp8_check [seed [small]] ("small": three shapes, no graph or timing, for
-// sanitizers).
+// sanitizers); fp_gpu_fp8_check seed stress N [density]: N rounds of one shape's dense and sparse
+// calls, nothing compared, every call that runs past 3 s reported (exit 1), one past 60 s hung.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -233,23 +234,35 @@ Csr random_csr(const Shape& s, double density) {
   return c;
 }
 
-// Waits for the work queued on `stream`; a kernel that has not finished after kHangSeconds counts
-// as hung: the check says so and exits (a hung kernel cannot be recovered).
-constexpr double kHangSeconds = 30;
+// Waits for the work queued on `stream`; a kernel that has not finished after hang_seconds counts
+// as hung: the check says so and exits (a hung kernel cannot be recovered). The stress mode
+// (main) also reports calls that run past slow_seconds, and how long they took.
+double hang_seconds = 30, slow_seconds = 0;
+int slow_calls = 0;
 void finish(const char* what, cudaStream_t stream = nullptr) {
   cudaEvent_t done;
   CUDA_OK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   CUDA_OK(cudaEventRecord(done, stream));
   const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  bool slow = false;
   cudaError_t e;
   while ((e = cudaEventQuery(done)) == cudaErrorNotReady) {
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-        kHangSeconds) {
-      std::printf("FAIL: %s has not finished after %.0f s (hung)\n", what, kHangSeconds);
+    if (seconds() > hang_seconds) {
+      std::printf("FAIL: %s has not finished after %.0f s (hung)\n", what, hang_seconds);
       std::_Exit(1);
+    }
+    if (slow_seconds > 0 && !slow && seconds() > slow_seconds) {
+      slow = true;
+      ++slow_calls;
+      std::printf("\nSLOW: %s still running after %.0f s\n", what, slow_seconds);
+      std::fflush(stdout);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  if (slow) std::printf("SLOW: %s finished after %.1f s\n", what, seconds());
   CUDA_OK(e);
   CUDA_OK(cudaEventDestroy(done));
 }
@@ -1133,6 +1146,33 @@ int main(int argc, char** argv) {
       {"D 64 varlen", 64, 8, 2, {1000, 300}, {1000, 700}, true},
       {"D 64 L 4K", 64, 8, 2, {4096}, {4096}, false},
   };
+  // "stress N [density]" (argv[2] ...): N rounds of the cached-prefix shape's dense call and
+  // sparse calls over a random index of `density` (0.3) of the causal tiles without and with mean
+  // correction, each poisoned and waited for, nothing compared: a kernel that sometimes never
+  // finishes, or runs far longer than it should, shows here (under compute-sanitizer too).
+  if (argc > 3 && std::strcmp(argv[2], "stress") == 0) {
+    hang_seconds = 60;
+    slow_seconds = 3;
+    const int rounds = std::atoi(argv[3]);
+    const double density = argc > 4 ? std::atof(argv[4]) : 0.3;
+    const Inputs in = make_inputs(shapes[2], false);
+    const Csr csr = random_csr(shapes[2], density);
+    const Csr corrected = with_correction(in, csr);
+    for (int r = 0; r < rounds; ++r) {
+      std::printf("round %d:", r);
+      const Csr* kinds[3] = {nullptr, &csr, &corrected};
+      const char* names[3] = {"dense", "sparse", "sparse with mean correction"};
+      for (int k = 0; k < 3; ++k) {
+        std::printf(" %s", names[k]);
+        std::fflush(stdout);
+        run_fp8(in, kinds[k]);
+      }
+      std::printf("\n");
+    }
+    std::printf("%s: %d stress rounds finished, %d calls ran past %.0f s\n",
+                slow_calls ? "FAIL" : "PASS", rounds, slow_calls, slow_seconds);
+    return slow_calls ? 1 : 0;
+  }
   // "small" (argv[2], for compute-sanitizer): the first three shapes, no graph and no timing.
   const bool small_only = argc > 2 && std::strcmp(argv[2], "small") == 0;
   for (size_t i = 0; i < (small_only ? 3 : shapes.size()); ++i) check_shape(shapes[i]);
