@@ -251,7 +251,9 @@ void finish(const char* what, cudaStream_t stream = nullptr) {
   cudaError_t e;
   while ((e = cudaEventQuery(done)) == cudaErrorNotReady) {
     if (seconds() > hang_seconds) {
+      // _Exit flushes nothing, and a piped stdout is fully buffered.
       std::printf("FAIL: %s has not finished after %.0f s (hung)\n", what, hang_seconds);
+      std::fflush(stdout);
       std::_Exit(1);
     }
     if (slow_seconds > 0 && !slow && seconds() > slow_seconds) {

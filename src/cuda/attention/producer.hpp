@@ -88,6 +88,13 @@ struct Producer {
       const int32_t box_row =
           paged_boxes_by_lane ? paged.box_row(stage.tile0, stage.tile1) : 0;
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
+      // Every producer thread passes the wait before thread 0 refills the buffer. In most
+      // stages only thread 0 arrives (TMA boxes, the empty stage), so without this a thread
+      // could fall a whole round of the ring behind: the buffer freed and refilled twice before
+      // it polls, its parity would then name a phase to come, which at an item's end never does,
+      // and the CTA would hang (up to 1 e4m3 sparse call in 200 did under compute-sanitizer's
+      // slower loads; docs/KERNEL.md "Roles").
+      producer_sync();
       uint64_t* bar = &ss.kv_loaded[cur.index];
       StageInfo info{stage.tile0, stage.tile1, stage.first_block, stage.kind,
                      following.kind == StageKind::kEnd, false};
@@ -225,7 +232,10 @@ struct Producer {
         arrive_ordered(*bar);
       }
       if (first) {
-        barrier(ss.q_consumed).wait(q_phase ^ 1u);
+        // Q by TMA is thread 0's alone, and so is the wait for its buffer (a thread that would
+        // wait without writing could see its parity come round twice, as above). Q by cp.async
+        // needs every thread's copies, so the buffer cannot turn over before each has waited.
+        if (!p.q_tma || thread == 0) barrier(ss.q_consumed).wait(q_phase ^ 1u);
         if (p.q_tma) {
           if (thread == 0) {
             TxBarrier::arrive_and_expect_tx(&ss.q_loaded, Traits::kQTmaBytes);
