@@ -68,7 +68,8 @@ struct SlotCursor {
 };
 
 // The hardware named barriers. 0 is __syncthreads; kProducerBarrier is the producer warpgroup's
-// own (the mean windows' column biases, mean_correction.hpp); kTurnBarrier + w is the turn of
+// own (every stage after its kv_consumed wait, producer.hpp; the mean windows' column
+// biases, mean_correction.hpp); kTurnBarrier + w is the turn of
 // consumer warpgroup w to issue its wgmmas; kStagingBarrier + 2 parity + w tells consumer
 // warpgroup w that the other one's last S = Q K^T of an item (of that parity of q_phase) has
 // landed, so that the staged epilogue may overwrite the K half it read (consumer.hpp).
