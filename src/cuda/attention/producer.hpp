@@ -87,13 +87,18 @@ struct Producer {
                                        stage.kind == StageKind::kExactTiles;
       const int32_t box_row =
           paged_boxes_by_lane ? paged.box_row(stage.tile0, stage.tile1) : 0;
+#ifdef FP_PRODUCER_LAG_NS
+      // A check build (CMake FP_PRODUCER_LAG_NS): threads 1-127 reach every wait late, so that
+      // a wait the barrier below does not cover shows as a hang.
+      if (thread != 0) __nanosleep(FP_PRODUCER_LAG_NS);
+#endif
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
       // Every producer thread passes the wait before thread 0 refills the buffer. In most
       // stages only thread 0 arrives (TMA boxes, the empty stage), so without this a thread
       // could fall a whole round of the ring behind: the buffer freed and refilled twice before
       // it polls, its parity would then name a phase to come, which at an item's end never does,
       // and the CTA would hang (up to 1 e4m3 sparse call in 200 did under compute-sanitizer's
-      // slower loads; docs/KERNEL.md "Roles").
+      // slower loads; docs/KERNEL.md, "The producer's barrier").
       producer_sync();
       uint64_t* bar = &ss.kv_loaded[cur.index];
       StageInfo info{stage.tile0, stage.tile1, stage.first_block, stage.kind,
