@@ -192,10 +192,14 @@ def test_default_alpha_is_the_library_call_and_near_exact(rng, page_size):
         assert 1e-6 < error < 0.05, error
 
 
-# An FP8 e4m3 pool under a bfloat16 model; scales of the order of max |x| / 448 of the inputs.
+# An FP8 e4m3 pool under a bfloat16 model, with scales that cover the inputs as calibrated ones
+# do: Batch's k and v are 1.5 N(0, 1) per 128-token stretch, and 448 * 0.02 = 8.96 is six of
+# their standard deviations, so no value saturates. (With v_scale 0.01, about 0.3 % of v was
+# clipped to 4.48 from up to 1.5 times that, and the error against the unquantized inputs
+# reached 8.3e-2 on some seeds: a clipping error, which the bound below does not cover.)
 # docs/ALGORITHM.md "FP8 e4m3", Tolerances: relative L2 against float64 attention on
 # the dequantized inputs, and against the unquantized inputs.
-FP8_SCALES = (0.015, 0.01)
+FP8_SCALES = (0.02, 0.02)
 FP8_DEQUANTIZED_TOLERANCE, FP8_UNQUANTIZED_TOLERANCE = 3e-2, 8e-2
 
 
