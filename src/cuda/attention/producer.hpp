@@ -93,12 +93,9 @@ struct Producer {
       if (thread != 0) __nanosleep(FP_PRODUCER_LAG_NS);
 #endif
       barrier(ss.kv_consumed[cur.index]).wait(cur.phase ^ 1u);
-      // Every producer thread passes the wait before thread 0 refills the buffer. In most
-      // stages only thread 0 arrives (TMA boxes, the empty stage), so without this a thread
-      // could fall a whole round of the ring behind: the buffer freed and refilled twice before
-      // it polls, its parity would then name a phase to come, which at an item's end never does,
-      // and the CTA would hang (up to 1 e4m3 sparse call in 200 did under compute-sanitizer's
-      // slower loads; docs/KERNEL.md, "The producer's barrier").
+      // Every producer thread passes the wait before thread 0 refills the buffer, so that none
+      // falls a round of the ring behind and waits on a parity whose phase never comes
+      // (docs/KERNEL.md, "The producer's barrier").
       producer_sync();
       uint64_t* bar = &ss.kv_loaded[cur.index];
       StageInfo info{stage.tile0, stage.tile1, stage.first_block, stage.kind,
@@ -237,9 +234,8 @@ struct Producer {
         arrive_ordered(*bar);
       }
       if (first) {
-        // Q by TMA is thread 0's alone, and so is the wait for its buffer (a thread that would
-        // wait without writing could see its parity come round twice, as above). Q by cp.async
-        // needs every thread's copies, so the buffer cannot turn over before each has waited.
+        // Q by TMA is thread 0's alone, and so is the wait for its buffer (as above); Q by
+        // cp.async takes every thread's copies, so each thread waits.
         if (!p.q_tma || thread == 0) barrier(ss.q_consumed).wait(q_phase ^ 1u);
         if (p.q_tma) {
           if (thread == 0) {
